@@ -1,0 +1,417 @@
+"""The child process: runs an unmodified training program and owns its clock.
+
+`python -m trainbridge.harness.child request.json` sets the seeds, installs hooks, runs the
+program with runpy, and stops it after the requested number of optimizer steps. The
+program's source is never edited here; everything is observed through public hooks:
+
+- a *step* ends when every optimizer seen in the first step has stepped once more
+  (global optimizer step post-hooks), so Muon + AdamW count as one step and gradient
+  accumulation (several backward calls) stays inside it;
+- the *loss* is the tensor `backward()` was called on, kept as a detached reference and
+  read only after the run, so no host sync is added to a timed step;
+- the *work* of a step is read from the root module's inputs (integer tensors' numel =
+  tokens, else the batch dimension = samples) - shapes only, no sync;
+- every boundary synchronizes the device before reading the clock.
+
+Instruments that perturb timing (profiler, op counting, FLOP counting) each get their own
+steps after the measured ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import random
+import runpy
+import socket
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..targets import TargetUnavailable, get_target
+from .models import Environment, OpCount, RunRequest, RunResult, StepRecord
+from .plugins import HarnessPlugin, load_plugin
+
+
+class HarnessStop(BaseException):
+    """Raised from a step boundary once enough steps ran. BaseException, so a program's
+    `except Exception` cannot swallow it."""
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts ATen ops reaching the dispatcher: the eager 'operators launched' per step."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        if not name.startswith("profiler."):  # record_function markers are not kernels
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _program_sha(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        if "__pycache__" in p.parts:
+            continue
+        h.update(p.relative_to(root).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+class StepClock:
+    """Detects step boundaries from optimizer and backward hooks; records one StepRecord each."""
+
+    def __init__(self, req: RunRequest, target, plugins: list[HarnessPlugin]):
+        self.req = req
+        self.target = target
+        self.plugins = plugins
+        self.known: set[int] | None = None  # optimizer ids that make up one step
+        self.stepped: set[int] = set()
+        self.optimizers_seen: set[int] = set()
+        self.backward_calls = 0
+        self.loss_ref: torch.Tensor | None = None
+        self.work_items = 0
+        self.t_last = time.perf_counter()
+        self.t_last_opt = self.t_last
+        self.work_at_last_opt = 0  # work counted up to the last optimizer step (for step 1)
+        self.steps: list[StepRecord] = []
+        self.loss_refs: list[torch.Tensor | None] = []
+        self.root: torch.nn.Module | None = None
+        self._depth = 0
+        self._global_handles: list = []
+        self._steps_file = open(req.steps_path, "a", buffering=1)
+        # instruments
+        self.profiler = None
+        self.op_counter: _OpCounter | None = None
+        self.flop_counter = None
+        self.ops_per_step: OpCount | None = None
+        self.flops_per_step: int | None = None
+        self.profile_ops: list[dict] | None = None
+
+    # ----------------------------------------------------------------- phases ----
+    def phase_of(self, index: int) -> str:
+        r = self.req
+        edges = [
+            ("warmup", r.warmup_steps),
+            ("measured", r.measured_steps),
+            ("profile", r.profile_steps),
+            ("count_ops", int(r.count_ops_step)),
+            ("count_flops", int(r.count_flops_step)),
+        ]
+        upto = 0
+        for name, n in edges:
+            upto += n
+            if index <= upto:
+                return name
+        return "measured"
+
+    # ------------------------------------------------------------------ hooks ----
+    def install(self) -> None:
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        register_optimizer_step_pre_hook(self._opt_pre)
+        register_optimizer_step_post_hook(self._opt_post)
+        # Global module hooks only until the root module is known, then removed so they
+        # cost nothing in timed steps and never meet a compiled region.
+        self._global_handles = [
+            register_module_forward_pre_hook(self._global_pre),
+            register_module_forward_hook(self._global_post),
+        ]
+        clock = self
+        orig_backward = torch.Tensor.backward
+
+        def backward(tensor, *args, **kwargs):
+            clock._on_backward(tensor)
+            return orig_backward(tensor, *args, **kwargs)
+
+        torch.Tensor.backward = backward  # type: ignore[method-assign]
+
+    def _global_pre(self, module, args):
+        if self._depth == 0 and self.root is None:
+            self._set_root(module)
+            self._count_work(module, args)  # the hook below is registered after this call began
+        self._depth += 1
+
+    def _global_post(self, module, args, output):
+        self._depth = max(0, self._depth - 1)
+        if self.root is not None and self._depth == 0:
+            for h in self._global_handles:
+                h.remove()
+            self._global_handles = []
+
+    def _set_root(self, module: torch.nn.Module) -> None:
+        self.root = module
+        module.register_forward_pre_hook(self._count_work)
+        for p in self.plugins:
+            p.on_root_module(module)
+            module.forward = p.wrap_root_call(module, module.forward)
+
+    def _count_work(self, module, args):
+        if not torch.is_grad_enabled():  # evaluation passes are not training work
+            return
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if not a.is_floating_point() and not a.is_complex():
+                    self.work_items += a.numel()
+                else:
+                    self.work_items += a.shape[0] if a.dim() else 1
+                return
+
+    def _on_backward(self, tensor: torch.Tensor) -> None:
+        if self.known is None and self.stepped:
+            # First step's optimizer set is now complete: close step 1 where it ended.
+            self.known = set(self.stepped)
+            carried = self.work_items - self.work_at_last_opt  # this forward belongs to step 2
+            self.work_items = self.work_at_last_opt
+            self._close_step(self.t_last_opt)
+            self.work_items = carried
+        self.backward_calls += 1
+        self.loss_ref = tensor.detach()
+
+    def _opt_pre(self, optimizer, args, kwargs):
+        oid = id(optimizer)
+        if oid not in self.optimizers_seen:
+            self.optimizers_seen.add(oid)
+            for p in self.plugins:
+                p.on_optimizer(optimizer)
+
+    def _opt_post(self, optimizer, args, kwargs):
+        self.stepped.add(id(optimizer))
+        if self.known is None:
+            self.target.synchronize()
+            self.t_last_opt = time.perf_counter()
+            self.work_at_last_opt = self.work_items
+            return
+        if self.known <= self.stepped:
+            self._close_step(None)
+
+    # ------------------------------------------------------------- boundaries ----
+    def _close_step(self, t_end: float | None) -> None:
+        lazy = t_end is not None
+        if t_end is None:
+            self.target.synchronize()
+            t_end = time.perf_counter()
+        index = len(self.steps) + 1
+        phase = self.phase_of(index)
+        self._stop_instruments(phase)
+        rec = StepRecord(
+            index=index,
+            phase=phase,  # type: ignore[arg-type]
+            step_ms=(t_end - self.t_last) * 1e3,
+            backward_calls=self.backward_calls,
+            work_items=self.work_items,
+        )
+        self.steps.append(rec)
+        self.loss_refs.append(self.loss_ref)
+        self._steps_file.write(rec.model_dump_json() + "\n")
+        self.stepped = set()
+        self.backward_calls = 0
+        self.work_items = 0
+        self.loss_ref = None
+        for p in self.plugins:
+            p.on_step_end(index)
+        if index >= self.req.total_steps:
+            raise HarnessStop()
+        self._start_instruments(self.phase_of(index + 1), phase)
+        if lazy:
+            # step 1 was closed late (at step 2's first backward): step 2 began at t_end
+            self.t_last = t_end
+        else:
+            self.target.synchronize()
+            self.t_last = time.perf_counter()
+
+    def _start_instruments(self, next_phase: str, this_phase: str) -> None:
+        if next_phase == "profile" and this_phase != "profile":
+            self.profiler = torch.profiler.profile(activities=self.target.profiler_activities())
+            self.profiler.start()
+        elif next_phase == "count_ops":
+            self.op_counter = _OpCounter()
+            self.op_counter.__enter__()
+        elif next_phase == "count_flops":
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self.flop_counter = FlopCounterMode(display=False)
+            self.flop_counter.__enter__()
+
+    def _stop_instruments(self, phase: str) -> None:
+        index = len(self.steps) + 1
+        if phase == "profile" and self.profiler is not None and self.phase_of(index + 1) != "profile":
+            self.profiler.stop()
+            self._save_profile()
+            self.profiler = None
+        if phase == "count_ops" and self.op_counter is not None:
+            self.op_counter.__exit__(None, None, None)
+            c = self.op_counter.counts
+            self.ops_per_step = OpCount(total=sum(c.values()), by_op=dict(c.most_common()))
+            self.op_counter = None
+        if phase == "count_flops" and self.flop_counter is not None:
+            self.flop_counter.__exit__(None, None, None)
+            self.flops_per_step = int(self.flop_counter.get_total_flops())
+            self.flop_counter = None
+
+    def _save_profile(self) -> None:
+        prof = self.profiler
+        if self.req.profile_trace_path:
+            prof.export_chrome_trace(self.req.profile_trace_path)
+        rows = []
+        for e in prof.key_averages():
+            rows.append(
+                {
+                    "name": e.key,
+                    "calls": int(e.count),
+                    "self_cpu_us": float(e.self_cpu_time_total),
+                    "cpu_total_us": float(e.cpu_time_total),
+                    "self_device_us": float(getattr(e, "self_device_time_total", 0.0) or 0.0),
+                }
+            )
+        self.profile_ops = rows
+
+    def close(self) -> None:
+        if self.op_counter is not None:
+            self.op_counter.__exit__(None, None, None)
+        if self.flop_counter is not None:
+            self.flop_counter.__exit__(None, None, None)
+        if self.profiler is not None:
+            try:
+                self.profiler.stop()
+            except Exception:
+                pass
+        self._steps_file.close()
+
+    def read_losses(self) -> None:
+        """After the run: the only place losses are brought to the host."""
+        for rec, ref in zip(self.steps, self.loss_refs):
+            if ref is not None:
+                rec.loss = float(ref.float().mean())
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+    torch.manual_seed(seed)
+
+
+def _environment(req: RunRequest, target) -> Environment:
+    return Environment(
+        python=platform.python_version(),
+        torch_version=torch.__version__,
+        target=req.target,
+        device_name=target.device_name(),
+        cpu_model=__import__("trainbridge.targets.base", fromlist=["cpu_model"]).cpu_model(),
+        torch_threads=torch.get_num_threads(),
+        interop_threads=torch.get_num_interop_threads(),
+        hostname=socket.gethostname(),
+        program_sha256=_program_sha(Path(req.script).parent),
+        env_knobs=target.knobs(),
+    )
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text or "defaultcpuallocator" in text
+
+
+def run(req: RunRequest) -> RunResult:
+    t0 = time.perf_counter()
+    result = RunResult(status="crashed", request=req)
+    target = get_target(req.target)
+    try:
+        target.check_available()
+    except TargetUnavailable as e:
+        result.error = str(e)
+        return result
+    result.environment = _environment(req, target)
+    plugins = [load_plugin(spec, req.plugin_options) for spec in req.plugins]
+    _seed_everything(req.seed)
+    target.reset_peak_memory()
+    clock = StepClock(req, target, plugins)
+    clock.install()
+    for p in plugins:
+        p.before_program()
+    sys.argv = [req.script, *req.args]
+    sys.path.insert(0, str(Path(req.script).parent))
+    status, error = "crashed", None
+    try:
+        runpy.run_path(req.script, run_name="__main__")
+        status = "finished_early"
+        error = f"the program ended after {len(clock.steps)} of {req.total_steps} steps"
+    except HarnessStop:
+        status = "ok"
+    except SystemExit as e:
+        if e.code in (None, 0):
+            status = "finished_early"
+            error = f"the program exited after {len(clock.steps)} of {req.total_steps} steps"
+        else:
+            error = f"the program called sys.exit({e.code!r}) after {len(clock.steps)} steps"
+    except BaseException as e:  # the program's own failure, reported in words
+        status = "oom" if _is_oom(e) else "crashed"
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        error = f"{type(e).__name__}: {e}\n" + "".join(tb[-12:])
+    finally:
+        clock.close()
+    if not clock.steps and status in ("ok", "finished_early"):
+        status, error = "no_steps", "no optimizer step was observed: is this a training program?"
+    try:
+        clock.read_losses()
+    except Exception as e:  # a crashed device may not give losses back
+        error = (error or "") + f"\n(losses unreadable: {e})"
+    result.status = status  # type: ignore[assignment]
+    result.error = error
+    result.steps = clock.steps
+    result.optimizers_per_step = len(clock.known or clock.stepped)
+    result.peak_memory_mb = target.peak_memory_mb()
+    result.ops_per_step = clock.ops_per_step
+    result.flops_per_step = clock.flops_per_step
+    result.profile_ops = clock.profile_ops
+    if clock.profile_ops is not None and req.profile_trace_path:
+        result.profile_trace_path = req.profile_trace_path
+    for p in plugins:
+        try:
+            out = p.finalize(status)
+        except Exception as e:
+            result.error = (result.error or "") + f"\nplugin {p.name} failed: {type(e).__name__}: {e}"
+            out = None
+        if out:
+            result.plugin_outputs[p.name] = out
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def main() -> None:
+    req = RunRequest.model_validate_json(Path(sys.argv[1]).read_text())
+    result = run(req)
+    tmp = Path(req.result_path + ".tmp")
+    tmp.write_text(result.model_dump_json())
+    os.replace(tmp, req.result_path)
+    sys.stdout.flush()
+    # Skip interpreter teardown of the program's threads/pools: the result is written.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

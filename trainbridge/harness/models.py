@@ -1,0 +1,120 @@
+"""What crosses the process boundary of a harness run: the request and the result.
+
+The parent writes a `RunRequest` as JSON, the child (`trainbridge.harness.child`) runs the
+program under it and writes a `RunResult`. Times are milliseconds, memory mebibytes; raw
+per-step samples are kept and statistics are computed later, never here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+TargetName = Literal["cpu", "cuda", "npu"]
+RunStatus = Literal["ok", "finished_early", "crashed", "timeout", "oom", "no_steps"]
+
+
+class RunRequest(BaseModel):
+    """Everything the child needs; written by the parent, read once by the child."""
+
+    script: str = Field(..., description="absolute path of the (ported) entry script")
+    args: list[str] = Field(default_factory=list)
+    cwd: str
+    target: TargetName = "cpu"
+    warmup_steps: int = 3
+    measured_steps: int = 10
+    seed: int = 1337
+    result_path: str
+    steps_path: str = Field(..., description="JSONL written one line per finished step, so a crash loses nothing")
+    # Optional instruments, each on its own step after the measured ones so they never
+    # perturb a timed step: profiler window, ATen op count, FLOP count.
+    profile_steps: int = 0
+    profile_trace_path: str | None = None
+    count_ops_step: bool = False
+    count_flops_step: bool = False
+    plugins: list[str] = Field(default_factory=list, description="'module:Class' harness plugins (e.g. evidence capture)")
+    plugin_options: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def total_steps(self) -> int:
+        return (
+            self.warmup_steps
+            + self.measured_steps
+            + self.profile_steps
+            + int(self.count_ops_step)
+            + int(self.count_flops_step)
+        )
+
+
+class StepRecord(BaseModel):
+    index: int = Field(..., description="1-based optimizer step number")
+    phase: Literal["warmup", "measured", "profile", "count_ops", "count_flops"]
+    step_ms: float = Field(..., description="wall time from the previous step boundary, device synchronized")
+    loss: float | None = Field(None, description="the tensor backward() was called on, read after the run")
+    backward_calls: int = 0
+    work_items: int = Field(0, description="tokens (integer inputs' numel) or samples (batch dim) the root module saw")
+
+
+class Environment(BaseModel):
+    python: str
+    torch_version: str
+    target: TargetName
+    device_name: str
+    cpu_model: str
+    torch_threads: int
+    interop_threads: int
+    hostname: str
+    program_sha256: str = Field(..., description="hash of the program's Python sources as run")
+    env_knobs: dict[str, str] = Field(default_factory=dict)
+
+
+class OpCount(BaseModel):
+    total: int
+    by_op: dict[str, int]
+
+
+class LogLine(BaseModel):
+    """A Modded-NanoGPT style `step:N/M ... train_time:...ms step_avg:...ms` line the program printed."""
+
+    step: int
+    total_steps: int
+    val_loss: float | None = None
+    train_loss: float | None = None
+    train_time_ms: float
+    step_avg_ms: float | None = None
+
+
+class RunResult(BaseModel):
+    status: RunStatus
+    error: str | None = Field(None, description="why the run did not finish cleanly, in words")
+    request: RunRequest
+    environment: Environment | None = None
+    steps: list[StepRecord] = Field(default_factory=list)
+    optimizers_per_step: int = 0
+    peak_memory_mb: float | None = None
+    ops_per_step: OpCount | None = None
+    flops_per_step: int | None = None
+    profile_trace_path: str | None = None
+    profile_ops: list[dict] | None = Field(None, description="key_averages rows of the profiler window")
+    program_log: list[LogLine] = Field(default_factory=list)
+    wall_s: float = 0.0
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    plugin_outputs: dict[str, str] = Field(default_factory=dict, description="plugin name -> file it wrote")
+
+    @property
+    def measured_ms(self) -> list[float]:
+        return [s.step_ms for s in self.steps if s.phase == "measured"]
+
+    @property
+    def warmup_ms(self) -> list[float]:
+        return [s.step_ms for s in self.steps if s.phase == "warmup"]
+
+    @property
+    def losses(self) -> list[float | None]:
+        return [s.loss for s in self.steps]
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"

@@ -1,0 +1,280 @@
+"""The parent side of a harness run: prepare a program folder, start the child, watch it.
+
+The parent owns the time-out and the memory limit: it polls the child's process tree,
+kills the whole process group when either is exceeded, and still returns a RunResult
+built from the steps the child had flushed. A crash, hang or out-of-memory program gives
+a result that says why, never an exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..workload import Workload
+from .loglines import parse_log
+from .models import RunRequest, RunResult, StepRecord, TargetName
+
+_TAIL_CHARS = 4000
+_POLL_S = 0.1
+
+
+class PrepareError(RuntimeError):
+    """The workload's data-preparation command failed."""
+
+
+def ensure_prepared(workload: Workload) -> None:
+    """Run the manifest's `prepare` command once, when what it creates is missing."""
+    prep = workload.manifest.prepare
+    if prep is None or all((workload.root / c).exists() for c in prep.creates):
+        return
+    cmd = [sys.executable if c == "python" else c for c in prep.command]
+    proc = subprocess.run(cmd, cwd=workload.root, capture_output=True, text=True)
+    missing = [c for c in prep.creates if not (workload.root / c).exists()]
+    if proc.returncode != 0 or missing:
+        raise PrepareError(
+            f"{workload.root}: prepare command {' '.join(prep.command)} failed "
+            f"(exit {proc.returncode}, missing {missing}):\n{proc.stderr[-2000:]}"
+        )
+
+
+def materialize(workload: Workload, sources: dict[str, str], dest: Path) -> Path:
+    """Lay out a runnable copy of the program in `dest`: the given Python sources written,
+    every other file of the workload linked, so data paths relative to the script hold."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in workload.root.rglob("*"):
+        rel = path.relative_to(workload.root)
+        if "__pycache__" in rel.parts or path.is_dir():
+            continue
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if rel.as_posix() in sources:
+            continue
+        if out.exists() or out.is_symlink():
+            out.unlink()
+        out.symlink_to(path.resolve())
+    for rel, text in sources.items():
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.is_symlink():
+            out.unlink()
+        out.write_text(text)
+    return dest
+
+
+def sources_digest(sources: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(sources):
+        h.update(k.encode() + b"\0" + sources[k].encode() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def _tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and all its descendants, from /proc."""
+    total_kb = 0
+    todo = [pid]
+    seen = set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total_kb += int(line.split()[1])
+                        break
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return total_kb / 1024.0
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return data[-_TAIL_CHARS:]
+
+
+def _read_steps(path: Path) -> list[StepRecord]:
+    steps = []
+    try:
+        for line in path.read_text().splitlines():
+            try:
+                steps.append(StepRecord.model_validate_json(line))
+            except ValueError:
+                break  # a half-written last line from a killed child
+    except OSError:
+        pass
+    return steps
+
+
+def run_request(
+    req: RunRequest,
+    *,
+    timeout_s: float,
+    memory_limit_mb: float,
+    env: dict[str, str] | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> RunResult:
+    """Run one child to completion (or kill it) and return its result."""
+    run_dir = Path(req.result_path).parent
+    run_dir.mkdir(parents=True, exist_ok=True)
+    req_path = Path(req.result_path).with_suffix(".request.json")
+    req_path.write_text(req.model_dump_json(indent=1))
+    for p in (req.result_path, req.steps_path):
+        Path(p).unlink(missing_ok=True)
+    stdout_path = Path(req.result_path).with_suffix(".stdout.log")
+    stderr_path = Path(req.result_path).with_suffix(".stderr.log")
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env["PYTHONHASHSEED"] = str(req.seed)
+    child_env["PYTHONUNBUFFERED"] = "1"
+    # the child must import this very trainbridge, wherever the program's folder is
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, child_env.get("PYTHONPATH")]))
+    t0 = time.monotonic()
+    killed_for: str | None = None
+    peak_rss = 0.0
+    with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainbridge.harness.child", str(req_path)],
+            cwd=req.cwd, env=child_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        reported = 0
+        while proc.poll() is None:
+            time.sleep(_POLL_S)
+            elapsed = time.monotonic() - t0
+            rss = _tree_rss_mb(proc.pid)
+            peak_rss = max(peak_rss, rss)
+            if on_step is not None:
+                steps = _read_steps(Path(req.steps_path))
+                for s in steps[reported:]:
+                    on_step(s)
+                reported = len(steps)
+            if elapsed > timeout_s:
+                killed_for = "timeout"
+            elif rss > memory_limit_mb:
+                killed_for = "oom"
+            if killed_for:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                break
+    wall_s = time.monotonic() - t0
+    stdout_tail, stderr_tail = _tail(stdout_path), _tail(stderr_path)
+    result_file = Path(req.result_path)
+    if killed_for is None and result_file.exists():
+        result = RunResult.model_validate_json(result_file.read_text())
+    else:
+        steps = _read_steps(Path(req.steps_path))
+        if killed_for == "timeout":
+            status, error = "timeout", (
+                f"killed after {timeout_s:.0f} s (time-out) at step {len(steps)} of {req.total_steps}")
+        elif killed_for == "oom":
+            status, error = "oom", (
+                f"killed at {peak_rss:.0f} MiB resident, over the {memory_limit_mb:.0f} MiB limit, "
+                f"at step {len(steps)} of {req.total_steps}")
+        else:
+            code = proc.returncode
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            status, error = "crashed", f"the child died ({how}) at step {len(steps)}: {stderr_tail[-800:]}"
+        result = RunResult(status=status, error=error, request=req, steps=steps)  # type: ignore[arg-type]
+    program_out = stdout_path.read_text(errors="replace") if stdout_path.exists() else ""
+    result.program_log = parse_log(program_out)
+    result.stdout_tail = stdout_tail
+    result.stderr_tail = stderr_tail
+    result.wall_s = wall_s
+    result_file.write_text(result.model_dump_json())
+    return result
+
+
+def port_sources(workload: Workload, target: TargetName) -> tuple[dict[str, str], list]:
+    """The program's Python sources ported from its native device to `target`."""
+    files = {rel: (workload.root / rel).read_text() for rel in workload.source_files()}
+    if target == workload.manifest.native_device:
+        return files, []
+    from ..targets.port_source import port_program
+
+    ported = port_program(files, target)
+    return ported.files, ported.changes
+
+
+def run_workload(
+    workload: Workload,
+    target: TargetName = "cpu",
+    *,
+    out_dir: str | Path,
+    label: str = "run",
+    sources: dict[str, str] | None = None,
+    warmup_steps: int | None = None,
+    measured_steps: int | None = None,
+    profile_steps: int = 0,
+    count_ops: bool = False,
+    count_flops: bool = False,
+    seed: int = 1337,
+    plugins: list[str] | None = None,
+    plugin_options: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> RunResult:
+    """Run a workload's program (ported to `target`, or the given `sources`) in a child.
+
+    `sources` maps relative paths to the program text to run (a candidate); by default the
+    workload's own files ported to the target. Files go to `out_dir/<program digest>/`.
+    """
+    ensure_prepared(workload)
+    m = workload.manifest
+    if sources is None:
+        sources, _ = port_sources(workload, target)
+    out_dir = Path(out_dir)
+    prog_dir = materialize(workload, sources, out_dir / "programs" / sources_digest(sources))
+    results = out_dir / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    n = len(list(results.glob(f"{label}-*.json")))
+    stem = results / f"{label}-{n:03d}"
+    req = RunRequest(
+        script=str(prog_dir / m.entry),
+        args=list(m.args),
+        cwd=str(prog_dir),
+        target=target,
+        warmup_steps=m.steps.warmup if warmup_steps is None else warmup_steps,
+        measured_steps=m.steps.measured if measured_steps is None else measured_steps,
+        seed=seed,
+        result_path=f"{stem}.json",
+        steps_path=f"{stem}.steps.jsonl",
+        profile_steps=profile_steps,
+        profile_trace_path=f"{stem}.trace.json" if profile_steps else None,
+        count_ops_step=count_ops,
+        count_flops_step=count_flops,
+        plugins=plugins or [],
+        plugin_options=plugin_options or {},
+    )
+    run_env = dict(m.env)
+    run_env.update(env or {})
+    return run_request(
+        req,
+        timeout_s=timeout_s or m.limits.timeout_s,
+        memory_limit_mb=m.limits.memory_limit_mb,
+        env=run_env,
+        on_step=on_step,
+    )
+
+
+def clean_programs(out_dir: str | Path) -> None:
+    shutil.rmtree(Path(out_dir) / "programs", ignore_errors=True)
