@@ -1,0 +1,95 @@
+"""The zero-modification harness on a tiny program: steps, losses, failures, log lines."""
+
+from pathlib import Path
+
+import pytest
+
+from trainbridge.harness.loglines import parse_line, parse_log
+from trainbridge.harness.runner import run_workload
+from trainbridge.workload import load_workload
+
+TINY = Path(__file__).parent / "fixtures" / "harness" / "tiny"
+
+
+def _tiny(args=(), **limits):
+    wl = load_workload(TINY)
+    m = wl.manifest.model_copy(update={"args": list(args)})
+    if limits:
+        m = m.model_copy(update={"limits": m.limits.model_copy(update=limits)})
+    return wl.model_copy(update={"manifest": m})
+
+
+def test_exact_steps_two_optimizers_one_step_and_falling_loss(tmp_path):
+    r = run_workload(_tiny(), "cpu", out_dir=tmp_path, warmup_steps=2, measured_steps=6)
+    assert r.status == "ok", r.error
+    assert [s.phase for s in r.steps] == ["warmup"] * 2 + ["measured"] * 6
+    assert r.optimizers_per_step == 2  # SGD + Adam stepped once each = one step
+    assert len(r.measured_ms) == 6 and len(r.warmup_ms) == 2
+    losses = [s.loss for s in r.steps]
+    assert all(l is not None for l in losses) and losses[-1] < losses[0]
+    assert all(s.work_items == 32 and s.backward_calls == 1 for s in r.steps)
+    assert r.environment.torch_threads >= 1 and len(r.environment.program_sha256) == 64
+    assert r.peak_memory_mb > 0
+
+
+def test_gradient_accumulation_stays_inside_a_step(tmp_path):
+    r = run_workload(_tiny(["accumulate"]), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=3)
+    assert r.status == "ok"
+    assert [s.backward_calls for s in r.steps] == [2, 2, 2, 2]
+    assert all(s.work_items == 64 for s in r.steps)
+
+
+def test_instruments_run_on_their_own_steps(tmp_path):
+    r = run_workload(_tiny(), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=2,
+                     profile_steps=2, count_ops=True, count_flops=True)
+    assert r.status == "ok"
+    assert [s.phase for s in r.steps] == ["warmup", "measured", "measured", "profile", "profile",
+                                         "count_ops", "count_flops"]
+    assert r.ops_per_step.total > 20 and "aten.addmm" in r.ops_per_step.by_op
+    assert r.flops_per_step > 0
+    assert Path(r.profile_trace_path).stat().st_size > 0
+    assert any(row["name"] == "aten::addmm" for row in r.profile_ops)
+
+
+def test_crashing_program_reports_why(tmp_path):
+    r = run_workload(_tiny(["crash"]), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=5)
+    assert r.status == "crashed"
+    assert "deliberate failure at step 3" in r.error
+    assert len(r.steps) == 3  # the steps before the crash are kept
+
+
+def test_hanging_program_is_killed(tmp_path):
+    r = run_workload(_tiny(["hang"]), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=5, timeout_s=6)
+    assert r.status == "timeout"
+    assert "time-out" in r.error and len(r.steps) == 2
+    assert r.wall_s < 30
+
+
+def test_out_of_memory_program_is_killed(tmp_path):
+    r = run_workload(_tiny(["oom"], memory_limit_mb=900), "cpu", out_dir=tmp_path,
+                     warmup_steps=1, measured_steps=200)
+    assert r.status == "oom"
+    assert "MiB" in r.error and len(r.steps) < 200
+
+
+def test_program_that_ends_early(tmp_path):
+    r = run_workload(_tiny(["early"]), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=10)
+    assert r.status == "finished_early" and len(r.steps) == 4
+
+
+def test_unmodified_script_with_its_own_log_lines(tmp_path):
+    r = run_workload(_tiny(["loglines"]), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=5)
+    assert r.status == "ok"
+    assert [l.step for l in r.program_log] == [1, 2, 3, 4, 5]
+    assert all(l.train_loss is not None and l.train_time_ms >= 0 for l in r.program_log)
+
+
+def test_loglines_all_record_formats():
+    a = parse_line("step:125/1750 val_loss:4.2341 train_time:56012ms step_avg:448.10ms")
+    assert a.val_loss == pytest.approx(4.2341) and a.step_avg_ms == pytest.approx(448.1)
+    b = parse_line("step:3/5100 train_loss:10.8 train_time:1234ms step_avg:nanms")
+    assert b.train_loss == pytest.approx(10.8) and b.step_avg_ms is None
+    c = parse_line("step:1000/1390 train_time:98011ms step_avg:98.01ms")
+    assert c.total_steps == 1390 and c.val_loss is None and c.train_loss is None
+    assert parse_line("peak memory allocated: 100 MiB reserved: 120 MiB") is None
+    assert len(parse_log("noise\nstep:1/2 train_time:5ms step_avg:5.00ms\n")) == 1

@@ -1,0 +1,176 @@
+"""Baseline profile of a harness run: where one step's time goes, and a bottleneck verdict.
+
+Stateless: a `RunResult` (measured steps + profiler window + op count) in, a
+`ProfileReport` out. The verdict follows the bottleneck classes of the Ascend tuning guide
+(../shared/seeds/000_...): host-bound (device idle between small operators; on a CPU, the
+time outside operators: Python and dispatch), compute-bound (GEMM/convolution dominate),
+memory-bound (elementwise and reduction operators dominate), communication-bound.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from ..harness.models import RunResult
+
+Verdict = Literal["host-bound", "compute-bound", "memory-bound", "communication-bound", "unknown"]
+
+# Operators whose time is matrix-engine work (cube on Ascend, tensor cores on GPU).
+GEMM_OPS = {
+    "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::_scaled_mm",
+    "aten::convolution", "aten::_convolution", "aten::mkldnn_convolution", "aten::conv2d",
+    "aten::convolution_backward", "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+    "aten::_flash_attention_forward", "aten::_flash_attention_backward", "aten::mkldnn_matmul",
+    "aten::_weight_int8pack_mm", "aten::_mm_plus_mm", "aten::linear_backward",
+}
+COMM_MARKERS = ("nccl", "gloo", "hccl", "c10d::", "allreduce", "all_reduce", "reduce_scatter", "all_gather")
+# Composite ops whose time is already counted in the kernels they call (self time is tiny).
+HOST_THRESHOLD = 0.10  # free/outside-operator share that makes a step host-bound (advisor rule)
+SHARE_THRESHOLD = 0.5
+
+
+class StepTimes(BaseModel):
+    n: int
+    median_ms: float
+    mean_ms: float
+    p10_ms: float
+    p90_ms: float
+    min_ms: float
+    max_ms: float
+    rel_spread: float = Field(..., description="(p90 - p10) / median")
+    raw_ms: list[float]
+    warmup_ms: list[float]
+
+
+class OpRow(BaseModel):
+    name: str
+    calls_per_step: float
+    self_ms_per_step: float
+    share: float = Field(..., description="of all operator self time in the window")
+    kind: Literal["gemm", "elementwise/reduction", "communication", "other"]
+
+
+class ProfileReport(BaseModel):
+    workload: str
+    target: str
+    step: StepTimes
+    profile_steps: int
+    trace_path: str | None
+    ops_per_step: int | None = Field(None, description="ATen ops reaching the dispatcher in one step (fragmentation)")
+    distinct_ops: int | None = None
+    flops_per_step: int | None = None
+    achieved_gflops: float | None = None
+    op_self_ms_per_step: float = Field(..., description="sum of operator self time per profiled step")
+    outside_ops_ms_per_step: float = Field(..., description="step time not inside any operator: Python, dispatch, idle")
+    outside_ops_share: float
+    gemm_share: float = Field(..., description="GEMM/conv share of operator self time")
+    elementwise_share: float
+    communication_share: float
+    device_busy_share: float | None = Field(None, description="device self time / step time, where the target has a device")
+    mean_op_us: float | None = None
+    top_ops: list[OpRow]
+    verdict: Verdict
+    evidence: list[str] = Field(..., description="the numbers the verdict rests on, in words")
+    peak_memory_mb: float | None = None
+    environment: dict = Field(default_factory=dict)
+
+
+def summarize_steps(raw: list[float], warmup: list[float]) -> StepTimes:
+    s = sorted(raw)
+    q = statistics.quantiles(s, n=10, method="inclusive") if len(s) > 1 else [s[0]] * 9
+    med = statistics.median(s)
+    return StepTimes(
+        n=len(s), median_ms=med, mean_ms=statistics.fmean(s), p10_ms=q[0], p90_ms=q[-1],
+        min_ms=s[0], max_ms=s[-1], rel_spread=(q[-1] - q[0]) / med if med else 0.0,
+        raw_ms=raw, warmup_ms=warmup,
+    )
+
+
+def classify_op(name: str) -> str:
+    low = name.lower()
+    if any(m in low for m in COMM_MARKERS):
+        return "communication"
+    if name in GEMM_OPS:
+        return "gemm"
+    if name.startswith("aten::"):
+        return "elementwise/reduction"
+    return "other"
+
+
+def _is_operator(name: str) -> bool:
+    """Rows that are operators (aten / vendor / c10d), not profiler or Python annotations."""
+    return "::" in name and not name.startswith(("ProfilerStep", "Optimizer.", "autograd::engine"))
+
+
+def analyse(result: RunResult, workload: str, *, top: int = 15) -> ProfileReport:
+    if not result.measured_ms:
+        raise ValueError(f"run {result.status}: no measured steps to profile ({result.error})")
+    step = summarize_steps(result.measured_ms, result.warmup_ms)
+    n_prof = max(1, result.request.profile_steps)
+    prof_ms = [s.step_ms for s in result.steps if s.phase == "profile"]
+    prof_step_ms = statistics.fmean(prof_ms) if prof_ms else step.median_ms
+    rows = [r for r in (result.profile_ops or []) if _is_operator(r["name"])]
+    total_self_us = sum(r["self_cpu_us"] for r in rows) or 1e-9
+    kinds = {"gemm": 0.0, "elementwise/reduction": 0.0, "communication": 0.0, "other": 0.0}
+    op_rows = []
+    for r in rows:
+        kind = classify_op(r["name"])
+        kinds[kind] += r["self_cpu_us"]
+        op_rows.append(OpRow(
+            name=r["name"], calls_per_step=r["calls"] / n_prof,
+            self_ms_per_step=r["self_cpu_us"] / 1e3 / n_prof, share=r["self_cpu_us"] / total_self_us,
+            kind=kind,  # type: ignore[arg-type]
+        ))
+    op_rows.sort(key=lambda o: o.self_ms_per_step, reverse=True)
+    op_ms = total_self_us / 1e3 / n_prof
+    outside_ms = max(0.0, prof_step_ms - op_ms)
+    outside_share = outside_ms / prof_step_ms if prof_step_ms else 0.0
+    gemm = kinds["gemm"] / total_self_us
+    elem = kinds["elementwise/reduction"] / total_self_us
+    comm = kinds["communication"] / total_self_us
+    device_us = sum(r.get("self_device_us", 0.0) for r in rows)
+    device_busy = (device_us / 1e3 / n_prof) / prof_step_ms if device_us > 0 and prof_step_ms else None
+    ops = result.ops_per_step.total if result.ops_per_step else None
+    mean_op_us = (op_ms * 1e3 / ops) if ops else None
+    gflops = (result.flops_per_step / (step.median_ms / 1e3) / 1e9) if result.flops_per_step else None
+
+    evidence = [
+        f"median step {step.median_ms:.1f} ms over {step.n} steps (p10-p90 spread {step.rel_spread:.1%})",
+        f"operators account for {op_ms:.1f} ms of a {prof_step_ms:.1f} ms profiled step; "
+        f"{outside_share:.1%} of it is outside any operator",
+        f"GEMM/conv {gemm:.1%}, elementwise/reduction {elem:.1%}, communication {comm:.1%} of operator time",
+    ]
+    if ops:
+        evidence.append(f"{ops} ATen ops per step, {mean_op_us:.1f} us of operator time each on average")
+    if device_busy is not None:
+        evidence.append(f"device busy {device_busy:.1%} of the step, free {1 - device_busy:.1%}")
+    free = (1 - device_busy) if device_busy is not None else outside_share
+    if comm > 0.2:
+        verdict: Verdict = "communication-bound"
+    elif free > HOST_THRESHOLD and (mean_op_us is None or mean_op_us < 50 or free > 0.3):
+        verdict = "host-bound"
+        evidence.append(f"free/outside share {free:.1%} > {HOST_THRESHOLD:.0%} (advisor rule)")
+    elif gemm >= SHARE_THRESHOLD:
+        verdict = "compute-bound"
+        evidence.append(f"GEMM share {gemm:.1%} >= {SHARE_THRESHOLD:.0%}: fusion alone gains little; precision and work removal can")
+    elif elem >= SHARE_THRESHOLD:
+        verdict = "memory-bound"
+        evidence.append(f"elementwise/reduction share {elem:.1%} >= {SHARE_THRESHOLD:.0%}: fusion removes intermediate traffic")
+    else:
+        verdict = "unknown"
+    env = result.environment.model_dump() if result.environment else {}
+    return ProfileReport(
+        workload=workload, target=result.request.target, step=step, profile_steps=len(prof_ms),
+        trace_path=result.profile_trace_path, ops_per_step=ops,
+        distinct_ops=len(result.ops_per_step.by_op) if result.ops_per_step else None,
+        flops_per_step=result.flops_per_step, achieved_gflops=gflops,
+        op_self_ms_per_step=op_ms, outside_ops_ms_per_step=outside_ms, outside_ops_share=outside_share,
+        gemm_share=gemm, elementwise_share=elem, communication_share=comm,
+        device_busy_share=device_busy, mean_op_us=mean_op_us, top_ops=op_rows[:top],
+        verdict=verdict, evidence=evidence, peak_memory_mb=result.peak_memory_mb, environment=env,
+    )
