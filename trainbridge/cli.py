@@ -93,6 +93,127 @@ def profile(
     console.print(f"wrote {out / 'profile.json'}")
 
 
+class RunProgress:
+    """Phase, candidate and incumbent speedup of a run, on one live line plus a log of decisions."""
+
+    def __init__(self):
+        from rich.progress import SpinnerColumn
+
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                 console=err_console)
+        self.task = self.progress.add_task("starting", total=None)
+        self.speedup = 1.0
+        self.candidate = "-"
+
+    def __call__(self, phase: str, **kw) -> None:
+        if kw.get("candidate"):
+            self.candidate = kw["candidate"]
+        if phase == "decide":
+            if kw.get("speedup"):
+                self.speedup = kw["speedup"]
+            colour = "green" if kw.get("decision") == "accepted" else "yellow"
+            self.progress.console.print(f"[{colour}]{kw.get('decision')}[/{colour}] {kw.get('candidate')}")
+        detail = kw.get("detail", "")
+        self.progress.update(self.task, description=(
+            f"[bold]{phase}[/bold] | candidate {self.candidate} | incumbent {self.speedup:.2f}x over port"
+            + (f" | {detail}" if detail else "")))
+
+
+@app.command()
+@user_errors
+def run(
+    workload: Optional[Path] = typer.Argument(None, help="workload folder (with trainbridge.toml)"),
+    target: str = TargetOpt,
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue runs/<id> after a crash or Ctrl-C"),
+    evidence: Optional[Path] = typer.Option(None, "--evidence", help="evidence bundle from `trainbridge collect`"),
+    evidence_device: str = typer.Option("cuda", help="device whose compiler decisions to collect: cuda | cpu"),
+    agent: str = typer.Option("recipes", help="recipes | llm | llm+recipes"),
+    model: Optional[str] = typer.Option(None, "--model", help="LLM model name (--agent llm)"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (or OPENAI_BASE_URL)"),
+    budget: int = typer.Option(12, help="most candidates to try"),
+    minutes: float = typer.Option(16.0, help="time budget for the loop, in minutes"),
+    pairs: int = typer.Option(3, help="interleaved incumbent/candidate run pairs per candidate"),
+    no_compile_compare: bool = typer.Option(False, help="skip timing torch.compile of the port at the end"),
+    runs_root: Path = typer.Option(Path("runs"), help="where run folders go"),
+) -> None:
+    """Optimize a workload: port, profile, collect, then plan/rewrite/validate/measure/decide."""
+    from .agent.run import new_run_id, resume_run, start_run
+    from .agent.state import RunConfig
+    from .ledger.store import Ledger
+    from .ledger.view import render_ledger
+
+    reporter = RunProgress()
+    with reporter.progress:
+        if resume:
+            run_dir = resume_run(resume, reporter)
+        else:
+            if workload is None:
+                raise ValueError("give a workload folder, or --resume runs/<id>")
+            wl = load_workload(workload)
+            if agent not in ("recipes", "llm", "llm+recipes"):
+                raise ValueError(f"--agent {agent}: choose recipes, llm or llm+recipes")
+            cfg = RunConfig(
+                run_id=new_run_id(wl.manifest.name, target), workload=str(wl.root), target=target,
+                agent=agent, evidence=str(evidence) if evidence else None, evidence_device=evidence_device,
+                budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs,
+                compare_compile=not no_compile_compare, llm_model=model, llm_base_url=base_url,
+            )
+            run_dir = start_run(cfg, runs_root, reporter)
+    render_ledger(Ledger(run_dir / "ledger.jsonl"), console)
+    console.print(f"run folder: {run_dir}  (report: {run_dir / 'report.md'})")
+
+
+ledger_app = typer.Typer(help="Review and re-verify run ledgers.", invoke_without_command=True)
+app.add_typer(ledger_app, name="ledger")
+
+
+@ledger_app.callback()
+@user_errors
+def ledger_show(ctx: typer.Context, run_dir: Optional[Path] = typer.Argument(None)) -> None:
+    """Show a run's accepted and rejected candidates."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if run_dir is None:
+        raise ValueError("give a run folder: trainbridge ledger runs/<id>")
+    from .ledger.store import Ledger
+    from .ledger.view import render_ledger
+
+    path = run_dir / "ledger.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    render_ledger(Ledger(path), console)
+
+
+@ledger_app.command("verify")
+@user_errors
+def ledger_verify(run_dir: Path, pairs: int = typer.Option(3, help="interleaved port/final pairs")) -> None:
+    """Re-measure the final program against the port and say whether the recorded speedup holds."""
+    from .ledger.verify import verify_run
+
+    outcome = verify_run(run_dir, pairs=pairs, console=console)
+    raise typer.Exit(0 if outcome.holds else 1)
+
+
+@app.command()
+@user_errors
+def doctor(target: str = TargetOpt) -> None:
+    """What the target needs, what is installed here, and how to fix what is missing."""
+    from rich.table import Table
+
+    from .targets.doctor import diagnose
+
+    if target not in ("cpu", "cuda", "npu"):
+        raise ValueError(f"--target {target}: choose cpu, cuda or npu")
+    checks = diagnose(target)
+    table = Table(title=f"trainbridge doctor --target {target}")
+    for col in ("check", "status", "found", "fix"):
+        table.add_column(col)
+    for c in checks:
+        table.add_row(c.name, "[green]ok[/green]" if c.ok else "[red]missing[/red]", c.found, c.fix)
+    console.print(table)
+    raise typer.Exit(0 if all(c.ok for c in checks) else 1)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app(prog_name="trainbridge")
 

@@ -74,6 +74,7 @@ class ProfileReport(BaseModel):
     device_busy_share: float | None = Field(None, description="device self time / step time, where the target has a device")
     mean_op_us: float | None = None
     top_ops: list[OpRow]
+    all_ops: list[OpRow] = Field(default_factory=list, description="every operator of the window, by self time")
     verdict: Verdict
     evidence: list[str] = Field(..., description="the numbers the verdict rests on, in words")
     peak_memory_mb: float | None = None
@@ -171,6 +172,6 @@ def analyse(result: RunResult, workload: str, *, top: int = 15) -> ProfileReport
         flops_per_step=result.flops_per_step, achieved_gflops=gflops,
         op_self_ms_per_step=op_ms, outside_ops_ms_per_step=outside_ms, outside_ops_share=outside_share,
         gemm_share=gemm, elementwise_share=elem, communication_share=comm,
-        device_busy_share=device_busy, mean_op_us=mean_op_us, top_ops=op_rows[:top],
+        device_busy_share=device_busy, mean_op_us=mean_op_us, top_ops=op_rows[:top], all_ops=op_rows,
         verdict=verdict, evidence=evidence, peak_memory_mb=result.peak_memory_mb, environment=env,
     )
