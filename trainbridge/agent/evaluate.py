@@ -1,0 +1,117 @@
+"""Validate a candidate before it is timed, then time it against the incumbent.
+
+Validation order is cheapest first: parse, guard (protected regions, forbidden calls),
+one short run from the baseline's seed (it must import and train), loss trajectory
+against the baseline, work conservation (work items and FLOPs per step), and the
+mechanism check (did the operators the hypothesis named actually go away?). Timing is
+interleaved incumbent/candidate in separate processes, order alternating per pair.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from ..harness.models import RunResult
+from ..harness.runner import run_workload
+from ..measure.correctness import compare_losses
+from ..measure.statistics import compare
+from ..measure.work import check_work
+from ..workload import Workload
+
+
+class Validation(BaseModel):
+    passed: bool
+    stage: str
+    reason: str
+    details: dict[str, str | float | int | bool | None] = Field(default_factory=dict)
+
+
+def reference_run(workload: Workload, target: str, files: dict[str, str], out_dir: Path, *, seed: int,
+                  label: str) -> RunResult:
+    """The short run every validation compares against: K steps from the seed, ops and FLOPs counted."""
+    k = workload.manifest.correctness.steps
+    return run_workload(workload, target, out_dir=out_dir, label=label, sources=files, warmup_steps=0,
+                        measured_steps=k, count_ops=True, count_flops=True, seed=seed)
+
+
+def _parses(files: dict[str, str], changed: list[str]) -> str | None:
+    for rel in changed:
+        try:
+            compile(files[rel], rel, "exec")
+        except SyntaxError as e:
+            return f"{rel}:{e.lineno}: {e.msg}"
+    return None
+
+
+def mechanism_check(reference: RunResult, candidate: RunResult, ops: list[str]) -> tuple[bool, str]:
+    """Whether the operators a hypothesis named fell in the per-step dispatcher count."""
+    if not ops or reference.ops_per_step is None or candidate.ops_per_step is None:
+        return True, "no operator-level prediction to check"
+    def count(r: RunResult) -> int:
+        by = r.ops_per_step.by_op
+        return sum(v for k, v in by.items() if f"aten::{k.removeprefix('aten.')}" in ops)
+    before, after = count(reference), count(candidate)
+    total_b, total_a = reference.ops_per_step.total, candidate.ops_per_step.total
+    fell = after < before or total_a < total_b
+    return fell, (f"named operators per step {before} -> {after}; all ATen ops per step {total_b} -> {total_a}")
+
+
+def validate(
+    workload: Workload, target: str, *, original: dict[str, str], candidate: dict[str, str],
+    changed: list[str], baseline_ref: RunResult, out_dir: Path, seed: int, low_precision: bool,
+    ops_removed: list[str], incumbent_ref: RunResult | None = None,
+) -> tuple[Validation, RunResult | None]:
+    from .guard import check_candidate
+
+    err = _parses(candidate, changed)
+    if err:
+        return Validation(passed=False, stage="parse", reason=f"does not parse: {err}"), None
+    m = workload.manifest
+    verdict = check_candidate(original, candidate, m.protected, m.editable, target)
+    errors = [v for v in verdict.violations if v.severity == "error"]
+    if errors:
+        v = errors[0]
+        return Validation(passed=False, stage="guard", reason=f"{v.rule}: {v.message} ({v.file}:{v.line})",
+                          details={"violations": len(errors)}), None
+    run = reference_run(workload, target, candidate, out_dir, seed=seed, label="validate")
+    if run.status != "ok":
+        return Validation(passed=False, stage="import",
+                          reason=f"candidate run {run.status}: {(run.error or '')[:600]}"), run
+    c = m.correctness
+    loss = compare_losses(baseline_ref.losses, run.losses, rtol_fp32=c.fp32_rtol,
+                          rtol_low_precision=c.low_precision_rtol, low_precision=low_precision, steps=c.steps)
+    if not loss.passed:
+        return Validation(passed=False, stage="correctness", reason=loss.reason), run
+    work = check_work(baseline_ref, run)
+    if not work.passed:
+        return Validation(passed=False, stage="work", reason=work.reason), run
+    fell, note = mechanism_check(incumbent_ref or baseline_ref, run, ops_removed)
+    return Validation(passed=True, stage="work", reason="parse, guard, run, loss and work checks passed",
+                      details={"mechanism_confirmed": fell, "mechanism": note, "loss": loss.reason}), run
+
+
+def interleaved_timing(
+    workload: Workload, target: str, *, incumbent: dict[str, str], candidate: dict[str, str], pairs: int,
+    out_dir: Path, seed: int, on_run=None,
+) -> tuple[list[list[float]], list[list[float]], list[str]]:
+    """A B, B A, A B ...: separate processes, order alternating so drift cancels."""
+    inc_runs, cand_runs, problems = [], [], []
+    for i in range(pairs):
+        order = [("incumbent", incumbent), ("candidate", candidate)]
+        if i % 2:
+            order.reverse()
+        for label, files in order:
+            r = run_workload(workload, target, out_dir=out_dir, label=label, sources=files, seed=seed)
+            if on_run:
+                on_run(label, r)
+            if r.status != "ok":
+                problems.append(f"{label} run {r.status}: {(r.error or '')[:300]}")
+                continue
+            (inc_runs if label == "incumbent" else cand_runs).append(r.measured_ms)
+    return inc_runs, cand_runs, problems
+
+
+def decide(inc_runs, cand_runs, *, min_effect: float, confidence: float):
+    return compare(inc_runs, cand_runs, min_effect=min_effect, confidence=confidence)

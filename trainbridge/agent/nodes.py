@@ -1,0 +1,319 @@
+"""The nodes of the optimization graph: each does one phase and returns a partial state.
+
+Every node writes what it did to the ledger before returning, so the ledger is complete up
+to the last finished node even if the process dies; the checkpointer then resumes at the
+first unfinished node.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..harness.models import RunResult
+from ..harness.runner import port_sources, run_workload
+from ..ledger import models as ev
+from ..ledger.store import Ledger
+from ..measure.statistics import calibrate_aa, compare
+from ..profile.analysis import ProfileReport, analyse
+from ..workload import Workload
+from .evaluate import interleaved_timing, reference_run, validate
+from .planner import PlanItem, make_item, rank, site_pattern
+from .rewriters.base import Declined, Proposal
+from .state import RunConfig, RunPaths, RunState, read_program, write_program
+
+
+def unified_diff(before: dict[str, str], after: dict[str, str], a: str = "a", b: str = "b") -> str:
+    out = []
+    for rel in sorted(set(before) | set(after)):
+        x, y = before.get(rel, ""), after.get(rel, "")
+        if x != y:
+            out.extend(difflib.unified_diff(x.splitlines(True), y.splitlines(True), f"{a}/{rel}", f"{b}/{rel}"))
+    return "".join(out)
+
+
+@dataclass
+class RunContext:
+    """What nodes share that is not state: inputs, the ledger, the progress reporter."""
+
+    cfg: RunConfig
+    workload: Workload
+    paths: RunPaths
+    ledger: Ledger
+    rewriter: object
+    report: callable = field(default=lambda phase, **kw: None)
+
+    def now(self) -> str:
+        return ev.utc_now()
+
+
+class Nodes:
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    # ---------------------------------------------------------------- helpers ----
+    @property
+    def cfg(self) -> RunConfig:
+        return self.ctx.cfg
+
+    def _log(self, event) -> None:
+        self.ctx.ledger.append(event)
+
+    def _base(self) -> dict:
+        return {"run_id": self.cfg.run_id, "time_utc": ev.utc_now()}
+
+    def _baseline_ref(self) -> RunResult:
+        return RunResult.model_validate_json((self.ctx.paths.root / "baseline_ref.json").read_text())
+
+    def _profile(self) -> ProfileReport:
+        return ProfileReport.model_validate_json(self.ctx.paths.profile.read_text())
+
+    def _elapsed_min(self, state: RunState) -> float:
+        return (time.time() - state["started_at"]) / 60.0
+
+    # ------------------------------------------------------------------ nodes ----
+    def port(self, state: RunState) -> dict:
+        """Naive port of the GPU program to the target: the baseline everything is measured against."""
+        self.ctx.report("port")
+        files, changes = port_sources(self.ctx.workload, self.cfg.target)
+        write_program(self.ctx.paths.baseline_dir, files)
+        original = {rel: (self.ctx.workload.root / rel).read_text() for rel in files}
+        self._log(ev.PortApplied(**self._base(), target=self.cfg.target,
+                                 changes=[c.model_dump() if hasattr(c, "model_dump") else c for c in changes],
+                                 diff=unified_diff(original, files, "original", "port")))
+        return {"phase": "baseline", "incumbent_dir": str(self.ctx.paths.baseline_dir), "incumbent_id": "port"}
+
+    def baseline(self, state: RunState) -> dict:
+        """Reference losses, A/A-calibrated timing of the port, and its profile."""
+        ctx, cfg = self.ctx, self.cfg
+        files = read_program(ctx.paths.baseline_dir)
+        out = ctx.paths.harness_dir
+        ctx.report("baseline", detail="reference run")
+        ref = reference_run(ctx.workload, cfg.target, files, out, seed=cfg.seed, label="baseline-ref")
+        if ref.status != "ok":
+            raise RuntimeError(f"the ported program does not run: {ref.status}: {ref.error}")
+        (ctx.paths.root / "baseline_ref.json").write_text(ref.model_dump_json())
+        runs = []
+        for i in range(cfg.baseline_runs):
+            ctx.report("baseline", detail=f"timing run {i + 1}/{cfg.baseline_runs}")
+            r = run_workload(ctx.workload, cfg.target, out_dir=out, label="baseline", sources=files, seed=cfg.seed)
+            if r.status != "ok":
+                raise RuntimeError(f"baseline timing run {r.status}: {r.error}")
+            runs.append(r.measured_ms)
+        aa = calibrate_aa(runs, min_effect=cfg.min_effect, confidence=cfg.confidence)
+        ctx.report("baseline", detail="profile")
+        prof_run = run_workload(ctx.workload, cfg.target, out_dir=out, label="profile", sources=files,
+                                seed=cfg.seed, profile_steps=3, count_ops=True, count_flops=True)
+        if prof_run.status != "ok":
+            raise RuntimeError(f"profile run {prof_run.status}: {prof_run.error}")
+        prof = analyse(prof_run, ctx.workload.manifest.name)
+        ctx.paths.profile.write_text(prof.model_dump_json(indent=1))
+        pooled = sorted(x for r in runs for x in r)
+        median = pooled[len(pooled) // 2]
+        self._log(ev.BaselineMeasured(
+            **self._base(), runs_ms=runs, losses=ref.losses, flops_per_step=ref.flops_per_step,
+            work_items_per_step=[s.work_items for s in ref.steps], ops_per_step=prof.ops_per_step,
+            median_ms=median, verdict=prof.verdict, profile_path=str(ctx.paths.profile),
+            aa=aa.model_dump(), environment=(ref.environment.model_dump() if ref.environment else {}),
+        ))
+        return {"phase": "collect", "baseline_median_ms": median}
+
+    def collect(self, state: RunState) -> dict:
+        """GPU evidence: load the given bundle, or compile the program with Inductor now."""
+        ctx, cfg = self.ctx, self.cfg
+        ctx.report("collect")
+        note = ""
+        try:
+            if cfg.evidence:
+                from ..evidence.bundle import EvidenceBundle
+
+                bundle = EvidenceBundle.load(cfg.evidence)
+                note = f"loaded {cfg.evidence}"
+            else:
+                from ..evidence.collect import collect_workload
+
+                bundle = collect_workload(ctx.workload, device=cfg.evidence_device,
+                                          out_dir=ctx.paths.root / "evidence")
+                note = f"collected with route {bundle.route}"
+            bundle.save(ctx.paths.evidence)
+            n_intents = len(bundle.intents)
+        except Exception as e:  # evidence is guidance: without it, plan from the profile alone
+            note = f"no GPU evidence ({type(e).__name__}: {e}); planning from the target profile only"
+            n_intents = 0
+        self._log(ev.EvidenceLoaded(**self._base(), path=str(ctx.paths.evidence) if n_intents else None,
+                                    intents=n_intents, note=note))
+        return {"phase": "plan"}
+
+    def _intents(self) -> list[dict]:
+        if not self.ctx.paths.evidence.exists():
+            return []
+        data = json.loads(self.ctx.paths.evidence.read_text())
+        return data.get("intents", [])
+
+    def plan(self, state: RunState) -> dict:
+        """Pick the highest-scoring untried (recipe, intent) that applies to the incumbent."""
+        from .rewriters.recipes import RECIPES
+
+        ctx, cfg = self.ctx, self.cfg
+        n = state.get("n_candidates", 0)
+        if n >= cfg.budget_candidates:
+            return {"current": None, "done_reason": f"candidate budget ({cfg.budget_candidates}) used"}
+        if self._elapsed_min(state) >= cfg.budget_minutes:
+            return {"current": None, "done_reason": f"time budget ({cfg.budget_minutes:.0f} min) used"}
+        ctx.report("plan", candidates=n)
+        files = read_program(Path(state["incumbent_dir"]))
+        prof = self._profile()
+        intents = self._intents()
+        tried = set(state.get("tried", []))
+        items: list[PlanItem] = []
+        for recipe in RECIPES.values():
+            if cfg.target not in recipe.targets:
+                continue
+            sites = recipe.find(files, cfg.target)
+            if not sites:
+                continue
+            for site in ({s.qualname for s in sites} if recipe.per_site else {None}):
+                pattern = site_pattern(recipe.pattern, site)
+                matching = [i for i in intents if i.get("pattern") == pattern]
+                intent = max(matching, key=lambda i: i.get("confidence", 0)) if matching else None
+                item = make_item(recipe, prof, intent=intent, min_effect=cfg.min_effect, site=site)
+                if item.key not in tried:
+                    items.append(item)
+        ranked = rank(items)
+        if not ranked:
+            return {"current": None, "done_reason": "no untried recipe applies to the incumbent"}
+        item = ranked[0]
+        cid = f"c{n + 1:02d}-{item.recipe}" + (f"-{item.site.split('.')[-1 if not item.site.endswith('forward') else 0]}"
+                                                if item.site else "")
+        return {
+            "current": {"id": cid, "item": item.model_dump(), "stage": "planned"},
+            "tried": sorted(tried | {item.key}),
+            "n_candidates": n + 1,
+            "candidates": [*state.get("candidates", []), cid],
+        }
+
+    def rewrite(self, state: RunState) -> dict:
+        ctx, cfg = self.ctx, self.cfg
+        cur = dict(state["current"])
+        item = PlanItem.model_validate(cur["item"])
+        ctx.report("rewrite", candidate=cur["id"])
+        incumbent = read_program(Path(state["incumbent_dir"]))
+        proposal = ctx.rewriter.propose(item, incumbent, cfg.target, {"profile": self._profile()})
+        if isinstance(proposal, Declined):
+            self._reject(cur["id"], "apply", proposal.reason)
+            return {"current": None, "rejected": [*state.get("rejected", []), cur["id"]]}
+        cdir = ctx.paths.candidate_dir(cur["id"])
+        write_program(cdir / "program", proposal.files)
+        diff = unified_diff(incumbent, proposal.files, "incumbent", "candidate")
+        (cdir / "candidate.diff").write_text(diff)
+        (cdir / "proposal.json").write_text(proposal.model_dump_json(indent=1))
+        self._log(ev.CandidateProposed(
+            **self._base(), candidate_id=cur["id"], intent_id=item.intent_id, pattern=item.pattern,
+            level=item.level, gap_class=item.gap_class, source=proposal.source, mechanism=proposal.mechanism,
+            hypothesis=item.hypothesis.model_dump(), diff=diff, files=proposal.changed_files,
+            incumbent=state.get("incumbent_id", "port"),
+        ))
+        cur.update(stage="proposed", dir=str(cdir), low_precision=proposal.low_precision)
+        return {"current": cur}
+
+    def validate(self, state: RunState) -> dict:
+        ctx, cfg = self.ctx, self.cfg
+        cur = dict(state["current"])
+        item = PlanItem.model_validate(cur["item"])
+        ctx.report("validate", candidate=cur["id"])
+        cdir = Path(cur["dir"])
+        proposal = Proposal.model_validate_json((cdir / "proposal.json").read_text())
+        original = read_program(ctx.paths.baseline_dir)
+        incumbent_ref = None
+        inc_ref_path = Path(state["incumbent_dir"]).parent / "validate_ref.json"
+        if inc_ref_path.exists():
+            incumbent_ref = RunResult.model_validate_json(inc_ref_path.read_text())
+        low = bool(cur.get("low_precision")) or bool(state.get("low_precision"))
+        verdict, run = validate(
+            ctx.workload, cfg.target, original=original, candidate=proposal.files,
+            changed=proposal.changed_files, baseline_ref=self._baseline_ref(), out_dir=cdir / "harness",
+            seed=cfg.seed, low_precision=low, ops_removed=item.hypothesis.ops_removed,
+            incumbent_ref=incumbent_ref,
+        )
+        if run is not None:
+            (cdir / "validate_ref.json").write_text(run.model_dump_json())
+        self._log(ev.CandidateValidated(**self._base(), candidate_id=cur["id"], passed=verdict.passed,
+                                        stage=verdict.stage, reason=verdict.reason, details=verdict.details))
+        if not verdict.passed:
+            self._decide(cur["id"], "rejected", f"{verdict.stage}: {verdict.reason}", state.get("incumbent_speedup", 1.0))
+            return {"current": None, "rejected": [*state.get("rejected", []), cur["id"]]}
+        cur.update(stage="validated")
+        return {"current": cur}
+
+    def measure(self, state: RunState) -> dict:
+        ctx, cfg = self.ctx, self.cfg
+        cur = dict(state["current"])
+        cdir = Path(cur["dir"])
+        incumbent = read_program(Path(state["incumbent_dir"]))
+        candidate = read_program(cdir / "program")
+
+        def on_run(label, r):
+            ctx.report("measure", candidate=cur["id"], detail=f"{label} run")
+
+        inc, cand, problems = interleaved_timing(
+            ctx.workload, cfg.target, incumbent=incumbent, candidate=candidate, pairs=cfg.timing_pairs,
+            out_dir=cdir / "harness", seed=cfg.seed, on_run=on_run,
+        )
+        if not inc or not cand:
+            self._decide(cur["id"], "rejected", "timing runs failed: " + "; ".join(problems),
+                         state.get("incumbent_speedup", 1.0))
+            return {"current": None, "rejected": [*state.get("rejected", []), cur["id"]]}
+        comp = compare(inc, cand, min_effect=cfg.min_effect, confidence=cfg.confidence)
+        note = ""
+        if comp.suspicious:
+            # > 3x from one change: re-measure before believing it (measurement_integrity.md)
+            inc2, cand2, _ = interleaved_timing(
+                ctx.workload, cfg.target, incumbent=incumbent, candidate=candidate, pairs=cfg.timing_pairs,
+                out_dir=cdir / "harness", seed=cfg.seed + 1, on_run=on_run)
+            inc, cand = inc + inc2, cand + cand2
+            comp = compare(inc, cand, min_effect=cfg.min_effect, confidence=cfg.confidence)
+            note = "suspiciously large gain: re-measured with a second set of pairs"
+        self._log(ev.CandidateMeasured(**self._base(), candidate_id=cur["id"], incumbent_runs_ms=inc,
+                                       candidate_runs_ms=cand, comparison=comp.model_dump(), note=note,
+                                       problems=problems))
+        cur.update(stage="measured", comparison=comp.model_dump())
+        return {"current": cur}
+
+    def decide(self, state: RunState) -> dict:
+        cur = dict(state["current"])
+        comp = cur["comparison"]
+        speed = state.get("incumbent_speedup", 1.0)
+        if comp["decision"] == "accept":
+            new_speed = speed * comp["speedup"]
+            self._decide(cur["id"], "accepted", comp["reason"], new_speed)
+            update = {
+                "incumbent_dir": str(Path(cur["dir"]) / "program"),
+                "incumbent_id": cur["id"],
+                "incumbent_speedup": new_speed,
+                "accepted": [*state.get("accepted", []), cur["id"]],
+                "current": None,
+            }
+            if cur.get("low_precision"):
+                update["low_precision"] = True
+            return update
+        self._decide(cur["id"], "rejected", comp["reason"], speed)
+        return {"current": None, "rejected": [*state.get("rejected", []), cur["id"]]}
+
+    def report(self, state: RunState) -> dict:
+        from .report import final_report
+
+        self.ctx.report("report")
+        return final_report(self.ctx, state)
+
+    # --------------------------------------------------------------- ledger ----
+    def _reject(self, cid: str, stage: str, reason: str) -> None:
+        self._log(ev.CandidateValidated(**self._base(), candidate_id=cid, passed=False, stage=stage, reason=reason))
+        self._decide(cid, "rejected", f"{stage}: {reason}", None)
+
+    def _decide(self, cid: str, decision: str, reason: str, speed: float | None) -> None:
+        self.ctx.report("decide", candidate=cid, decision=decision, speedup=speed)
+        self._log(ev.CandidateDecided(**self._base(), candidate_id=cid, decision=decision, reason=reason,
+                                      incumbent_speedup_vs_baseline=speed))

@@ -1,0 +1,118 @@
+"""Rank what to try next: intents joined to recipes, scored by the time they could remove.
+
+score = predicted saving (ms, from the target profile) x confidence / cost of the ladder
+level. Cheaper levels come first at equal score; one mechanism per candidate. Every plan
+item carries its hypothesis, written before anything is measured: which operators should
+disappear, the predicted saving, and the result that would reject it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from ..profile.analysis import ProfileReport
+
+LEVEL_COST = {"L0": 1.0, "L1": 1.2, "L2": 1.5, "L3": 2.0, "L4": 2.5, "L5": 4.0, "L6": 8.0}
+
+# ATen ops (profiler names) each pattern's eager form spends its time in on the target,
+# and the share of that time a fused/compiled replacement is expected to remove.
+PATTERN_OPS: dict[str, tuple[tuple[str, ...], float]] = {
+    "rms_norm": (("aten::pow", "aten::mean", "aten::add", "aten::rsqrt", "aten::mul"), 0.5),
+    "add_rms_norm": (("aten::add", "aten::pow", "aten::mean", "aten::rsqrt", "aten::mul"), 0.5),
+    "rotary": (("aten::mul", "aten::cat", "aten::neg", "aten::add", "aten::sub", "aten::slice"), 0.4),
+    "attention": (("aten::bmm", "aten::masked_fill", "aten::_softmax", "aten::_softmax_backward_data",
+                   "aten::mul", "aten::div", "aten::where", "aten::clone"), 0.5),
+    "relu2": (("aten::relu", "aten::pow", "aten::threshold_backward", "aten::mul"), 0.3),
+    "swiglu": (("aten::silu", "aten::mul", "aten::silu_backward"), 0.3),
+    "gelu": (("aten::gelu", "aten::gelu_backward"), 0.2),
+    "softcap_cross_entropy": (("aten::tanh", "aten::tanh_backward", "aten::div", "aten::mul",
+                               "aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::nll_loss_forward",
+                               "aten::nll_loss_backward"), 0.4),
+    "cross_entropy": (("aten::_log_softmax", "aten::nll_loss_forward"), 0.2),
+    "optimizer_update": (("aten::mul_", "aten::add_", "aten::addcmul_", "aten::addcdiv_", "aten::lerp_",
+                          "aten::sqrt", "aten::div", "aten::mul", "aten::add", "aten::mm"), 0.3),
+    "precision": (("aten::mm", "aten::bmm", "aten::addmm", "aten::convolution", "aten::convolution_backward"), 0.4),
+    "host_sync": (("aten::item", "aten::_local_scalar_dense"), 0.9),
+    "redundant_cast": (("aten::_to_copy", "aten::copy_"), 0.5),
+    "threads": ((), 0.0),
+    "compile_region": ((), 0.0),
+    "pointwise_chain": (("aten::mul", "aten::add", "aten::div", "aten::sub"), 0.3),
+}
+
+
+class Hypothesis(BaseModel):
+    ops_removed: list[str] = Field(..., description="operators expected to disappear or shrink")
+    predicted_saving_ms: float
+    predicted_saving_pct: float
+    reject_if: str
+
+
+class PlanItem(BaseModel):
+    key: str = Field(..., description="recipe@intent: what makes a plan item already tried")
+    recipe: str
+    pattern: str
+    level: str
+    gap_class: str
+    site: str | None = Field(None, description="function qualname, for recipes applied one site at a time")
+    intent_id: str | None = None
+    intent_summary: str = ""
+    confidence: float
+    score: float
+    hypothesis: Hypothesis
+
+
+def predicted_saving_ms(pattern: str, profile: ProfileReport, op_estimate: list[str] | None = None) -> float:
+    ops, fraction = PATTERN_OPS.get(pattern, ((), 0.1))
+    names = set(ops) | {f"aten::{o.split('.')[-1]}" if "::" not in o else o for o in (op_estimate or [])}
+    by_name = {o.name: o for o in (profile.all_ops or profile.top_ops)}
+    spent = sum(by_name[n].self_ms_per_step for n in names if n in by_name)
+    if pattern == "precision":
+        spent = profile.gemm_share * profile.op_self_ms_per_step
+    if pattern in ("threads", "compile_region") or spent == 0:
+        # No operator to point at: the L0/L4 mechanisms act on dispatch/outside-operator time.
+        spent = profile.outside_ops_ms_per_step + 0.1 * profile.op_self_ms_per_step
+        fraction = 0.2
+    return spent * fraction
+
+
+def site_pattern(pattern: str, site: str | None) -> str:
+    """The pattern a compile_region site stands for (its function's name says which)."""
+    if pattern != "compile_region" or not site:
+        return pattern
+    low = site.lower()
+    for key, pat in (("newtonschulz", "optimizer_update"), ("zeropower", "optimizer_update"), ("rotary", "rotary"),
+                     ("rope", "rotary"), ("norm", "rms_norm"), ("mlp", "relu2"), ("swiglu", "swiglu"),
+                     ("softcap", "softcap_cross_entropy")):
+        if key in low:
+            return pat
+    return pattern
+
+
+def make_item(recipe, profile: ProfileReport, *, intent: dict | None, min_effect: float,
+              site: str | None = None) -> PlanItem:
+    pattern = site_pattern(recipe.pattern, site)
+    ops, _ = PATTERN_OPS.get(pattern, ((), 0.1))
+    saving = predicted_saving_ms(pattern, profile, (intent or {}).get("eager_ops"))
+    step = profile.step.median_ms
+    conf = float((intent or {}).get("confidence", 0.5))
+    level = (intent or {}).get("level") or recipe.level
+    pct = 100 * saving / step if step else 0.0
+    hyp = Hypothesis(
+        ops_removed=list(ops),
+        predicted_saving_ms=round(saving, 3),
+        predicted_saving_pct=round(pct, 2),
+        reject_if=(
+            f"the speedup's {int(100 * 0.95)}% CI does not clear {1 + min_effect:.2f}x, or the named "
+            "operators' per-step count does not fall, or the loss trajectory leaves tolerance"
+        ),
+    )
+    return PlanItem(
+        key=recipe.name + (f":{site}" if site else ""),
+        recipe=recipe.name, site=site, pattern=recipe.pattern, level=recipe.level, gap_class=recipe.gap_class,
+        intent_id=(intent or {}).get("id"), intent_summary=(intent or {}).get("summary", ""),
+        confidence=conf, score=saving * conf / LEVEL_COST.get(level, 2.0), hypothesis=hyp,
+    )
+
+
+def rank(items: list[PlanItem]) -> list[PlanItem]:
+    return sorted(items, key=lambda i: (-i.score, LEVEL_COST.get(i.level, 9)))

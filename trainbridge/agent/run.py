@@ -1,0 +1,80 @@
+"""Start or resume one optimization run: folder, config, ledger, checkpointed graph."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..ledger import models as ev
+from ..ledger.store import Ledger
+from ..workload import load_workload
+from .graph import build_graph, open_checkpointer
+from .nodes import RunContext
+from .state import RunConfig, RunPaths
+
+
+def new_run_id(workload_name: str, target: str) -> str:
+    return f"{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}-{workload_name}-{target}"
+
+
+def make_rewriter(cfg: RunConfig):
+    from .rewriters.recipe_rewriter import RecipeRewriter
+
+    if cfg.agent == "recipes":
+        return RecipeRewriter()
+    from .rewriters.llm import LLMRewriter  # issue 5
+
+    llm = LLMRewriter(model=cfg.llm_model, base_url=cfg.llm_base_url)
+    if cfg.agent == "llm+recipes":
+        from .rewriters.llm import WithFallback
+
+        return WithFallback(llm, RecipeRewriter())
+    return llm
+
+
+def start_run(cfg: RunConfig, runs_root: Path, reporter=None) -> Path:
+    paths = RunPaths(runs_root / cfg.run_id)
+    paths.root.mkdir(parents=True, exist_ok=False)
+    paths.config.write_text(cfg.model_dump_json(indent=1))
+    ledger = Ledger(paths.ledger)
+    ledger.append(ev.RunStarted(
+        run_id=cfg.run_id, time_utc=ev.utc_now(), workload=cfg.workload, target=cfg.target, agent=cfg.agent,
+        budget_candidates=cfg.budget_candidates, budget_minutes=cfg.budget_minutes, argv=sys.argv,
+        environment={"python": platform.python_version(), "torch": torch.__version__,
+                     "machine": platform.machine(), "node": platform.node()},
+    ))
+    _drive(cfg, paths, ledger, reporter, initial={"run_dir": str(paths.root), "started_at": time.time(),
+                                                  "incumbent_speedup": 1.0})
+    return paths.root
+
+
+def resume_run(run_dir: Path, reporter=None) -> Path:
+    paths = RunPaths(run_dir)
+    if not paths.config.exists():
+        raise FileNotFoundError(f"{run_dir}: not a run folder (no config.json)")
+    cfg = RunConfig.model_validate_json(paths.config.read_text())
+    ledger = Ledger(paths.ledger)
+    ledger.append(ev.RunResumed(run_id=cfg.run_id, time_utc=ev.utc_now(), argv=sys.argv))
+    _drive(cfg, paths, ledger, reporter, initial=None)
+    return paths.root
+
+
+def _drive(cfg: RunConfig, paths: RunPaths, ledger: Ledger, reporter, initial) -> None:
+    workload = load_workload(cfg.workload)
+    ctx = RunContext(cfg=cfg, workload=workload, paths=paths, ledger=ledger, rewriter=make_rewriter(cfg),
+                     report=reporter or (lambda phase, **kw: None))
+    saver = open_checkpointer(paths.checkpoints)
+    graph = build_graph(ctx, checkpointer=saver)
+    config = {"configurable": {"thread_id": cfg.run_id}, "recursion_limit": 10_000}
+    if initial is None:
+        snapshot = graph.get_state(config)
+        if not snapshot.next:
+            return  # already finished
+        graph.invoke(None, config=config)
+    else:
+        graph.invoke(initial, config=config)

@@ -1,0 +1,126 @@
+"""State of one optimization run, as the LangGraph checkpointer stores it.
+
+Only small JSON-able values live in the state; programs, results and evidence are files in
+the run folder (`RunPaths`), so a checkpoint stays cheap and a person can read everything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal, TypedDict
+
+from pydantic import BaseModel, Field
+
+AgentKind = Literal["recipes", "llm", "llm+recipes"]
+
+
+class RunConfig(BaseModel):
+    """The run's inputs, written once to runs/<id>/config.json and read back on --resume."""
+
+    run_id: str
+    workload: str
+    target: Literal["cpu", "cuda", "npu"] = "cpu"
+    agent: AgentKind = "recipes"
+    evidence: str | None = Field(None, description="evidence bundle to use instead of collecting")
+    evidence_device: Literal["cuda", "cpu"] = "cuda"
+    budget_candidates: int = 12
+    budget_minutes: float = 18.0
+    timing_pairs: int = Field(3, description="interleaved incumbent/candidate process pairs per candidate")
+    baseline_runs: int = Field(6, description="baseline runs, also the A/A calibration sample")
+    min_effect: float = 0.02
+    confidence: float = 0.95
+    dry_run: bool = False
+    compare_compile: bool = True
+    llm_model: str | None = None
+    llm_base_url: str | None = None
+    seed: int = 1337
+
+
+class RunPaths:
+    """Where each artefact of a run lives."""
+
+    def __init__(self, run_dir: str | Path):
+        self.root = Path(run_dir)
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints.sqlite"
+
+    @property
+    def evidence(self) -> Path:
+        return self.root / "evidence.json"
+
+    @property
+    def profile(self) -> Path:
+        return self.root / "profile.json"
+
+    @property
+    def baseline_dir(self) -> Path:
+        return self.root / "port"
+
+    @property
+    def final_dir(self) -> Path:
+        return self.root / "final"
+
+    @property
+    def harness_dir(self) -> Path:
+        return self.root / "harness"
+
+    def candidate_dir(self, cid: str) -> Path:
+        return self.root / "candidates" / cid
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.md"
+
+
+def write_program(dest: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        p = dest / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    (dest / "files.json").write_text(json.dumps(sorted(files)))
+
+
+def read_program(src: Path) -> dict[str, str]:
+    names = json.loads((src / "files.json").read_text())
+    return {rel: (src / rel).read_text() for rel in names}
+
+
+class Candidate(TypedDict, total=False):
+    id: str
+    recipe: str
+    pattern: str
+    level: str
+    gap_class: str
+    intent_id: str | None
+    dir: str
+    stage: str  # proposed | validated | measured
+    speedup: float | None
+    note: str
+
+
+class RunState(TypedDict, total=False):
+    run_dir: str
+    phase: str
+    started_at: float
+    incumbent_dir: str
+    incumbent_id: str
+    incumbent_speedup: float
+    baseline_median_ms: float
+    tried: list[str]        # plan keys (recipe@sites) already turned into candidates
+    candidates: list[str]   # candidate ids in order
+    accepted: list[str]
+    rejected: list[str]
+    current: Candidate | None
+    n_candidates: int
+    done_reason: str
