@@ -117,7 +117,7 @@ class Nodes:
             **self._base(), runs_ms=runs, losses=ref.losses, flops_per_step=ref.flops_per_step,
             work_items_per_step=[s.work_items for s in ref.steps], ops_per_step=prof.ops_per_step,
             median_ms=median, verdict=prof.verdict, profile_path=str(ctx.paths.profile),
-            aa=aa.model_dump(), environment=(ref.environment.model_dump() if ref.environment else {}),
+            aa=aa, environment=(ref.environment.model_dump() if ref.environment else {}),
         ))
         return {"phase": "collect", "baseline_median_ms": median}
 
@@ -277,7 +277,7 @@ class Nodes:
             comp = compare(inc, cand, min_effect=cfg.min_effect, confidence=cfg.confidence)
             note = "suspiciously large gain: re-measured with a second set of pairs"
         self._log(ev.CandidateMeasured(**self._base(), candidate_id=cur["id"], incumbent_runs_ms=inc,
-                                       candidate_runs_ms=cand, comparison=comp.model_dump(), note=note,
+                                       candidate_runs_ms=cand, comparison=comp, note=note,
                                        problems=problems))
         cur.update(stage="measured", comparison=comp.model_dump())
         return {"current": cur}

@@ -246,9 +246,9 @@ class StepClock:
             self.op_counter = _OpCounter()
             self.op_counter.__enter__()
         elif next_phase == "count_flops":
-            from torch.utils.flop_counter import FlopCounterMode
+            from .flops import flop_counter
 
-            self.flop_counter = FlopCounterMode(display=False)
+            self.flop_counter = flop_counter()
             self.flop_counter.__enter__()
 
     def _stop_instruments(self, phase: str) -> None:

@@ -11,6 +11,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+from ..measure.statistics import AACalibration, Comparison
+
 Scalar = Union[str, float, int, bool, None]
 
 
@@ -56,7 +58,7 @@ class BaselineMeasured(_Event):
     median_ms: float
     verdict: str
     profile_path: str
-    aa: dict[str, Scalar] = Field(..., description="A/A calibration of the acceptance rule on these runs")
+    aa: AACalibration = Field(..., description="A/A calibration of the acceptance rule on these runs")
     environment: dict[str, Scalar | dict[str, str]] = Field(default_factory=dict)
 
 
@@ -97,7 +99,7 @@ class CandidateMeasured(_Event):
     candidate_id: str
     incumbent_runs_ms: list[list[float]]
     candidate_runs_ms: list[list[float]]
-    comparison: dict[str, Scalar]
+    comparison: Comparison
     note: str = ""
     problems: list[str] = Field(default_factory=list)
 

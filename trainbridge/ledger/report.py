@@ -34,7 +34,7 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
             lines.append(f"- `{c.get('file')}:{c.get('line')}` {c.get('kind')}: {c.get('note') or ''}{flag}")
         lines.append("")
     if base:
-        aa = base.aa or {}
+        aa = base.aa.model_dump()
         lines += ["## Baseline (the port)", "",
                   f"- median step {base.median_ms:.1f} ms over {sum(len(r) for r in base.runs_ms)} steps in "
                   f"{len(base.runs_ms)} runs; verdict **{base.verdict}**",
@@ -50,7 +50,7 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
         pred = f"{p.hypothesis.get('predicted_saving_pct', 0):.1f}%" if p else "-"
         lines.append(
             f"| {cid} | {p.pattern if p else '-'} | {p.level if p else '-'} | {(p.mechanism if p else '')[:60]} | "
-            f"{pred} | {_ci(m.comparison if m else None)} | {d.decision} | {d.reason[:120].replace('|', '/')} |")
+            f"{pred} | {_ci(m.comparison.model_dump() if m else None)} | {d.decision} | {d.reason[:120].replace('|', '/')} |")
     lines.append("")
     if fin:
         e2e = fin.end_to_end or {}

@@ -64,8 +64,8 @@ class Ledger:
             elif isinstance(e, CandidateValidated) and not e.passed:
                 s.stage, s.reason = e.stage, e.reason
             elif isinstance(e, CandidateMeasured):
-                s.speedup = e.comparison.get("speedup")
-                s.ci_low, s.ci_high = e.comparison.get("ci_low"), e.comparison.get("ci_high")
+                s.speedup = e.comparison.speedup
+                s.ci_low, s.ci_high = e.comparison.ci_low, e.comparison.ci_high
             elif isinstance(e, CandidateDecided):
                 s.decision, s.reason = e.decision, e.reason
         return list(out.values())

@@ -24,7 +24,7 @@ def render_ledger(ledger: Ledger, console: Console) -> None:
     console.print(table)
     if base:
         console.print(f"baseline: median step {base.median_ms:.1f} ms, verdict {base.verdict}, "
-                      f"A/A false-accept rate {base.aa.get('false_accept_rate')}")
+                      f"A/A false-accept rate {base.aa.false_accept_rate}")
     if fin and fin.final_speedup is not None:
         lo, hi = fin.final_ci or (None, None)
         console.print(f"final vs port: [bold]{fin.final_speedup:.3f}x[/bold] (95% CI {lo:.3f}-{hi:.3f})"
