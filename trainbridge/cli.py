@@ -114,6 +114,9 @@ class RunProgress:
             colour = "green" if kw.get("decision") == "accepted" else "yellow"
             self.progress.console.print(f"[{colour}]{kw.get('decision')}[/{colour}] {kw.get('candidate')}")
         detail = kw.get("detail", "")
+        if not err_console.is_terminal:  # logs and CI: one plain line per event instead of a live bar
+            err_console.print(f"{phase} | candidate {self.candidate} | incumbent {self.speedup:.2f}x"
+                              + (f" | {detail}" if detail else ""))
         self.progress.update(self.task, description=(
             f"[bold]{phase}[/bold] | candidate {self.candidate} | incumbent {self.speedup:.2f}x over port"
             + (f" | {detail}" if detail else "")))
@@ -133,6 +136,8 @@ def run(
     budget: int = typer.Option(12, help="most candidates to try"),
     minutes: float = typer.Option(16.0, help="time budget for the loop, in minutes"),
     pairs: int = typer.Option(3, help="interleaved incumbent/candidate run pairs per candidate"),
+    baseline_runs: int = typer.Option(6, help="baseline runs (also the A/A calibration sample, >= 4)"),
+    skip_collect: bool = typer.Option(False, help="plan from the target profile only, without GPU evidence"),
     no_compile_compare: bool = typer.Option(False, help="skip timing torch.compile of the port at the end"),
     runs_root: Path = typer.Option(Path("runs"), help="where run folders go"),
 ) -> None:
@@ -155,7 +160,8 @@ def run(
             cfg = RunConfig(
                 run_id=new_run_id(wl.manifest.name, target), workload=str(wl.root), target=target,
                 agent=agent, evidence=str(evidence) if evidence else None, evidence_device=evidence_device,
-                budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs,
+                budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs, baseline_runs=baseline_runs,
+                collect=not skip_collect,
                 compare_compile=not no_compile_compare, llm_model=model, llm_base_url=base_url,
             )
             run_dir = start_run(cfg, runs_root, reporter)

@@ -24,6 +24,7 @@ class RunConfig(BaseModel):
     agent: AgentKind = "recipes"
     evidence: str | None = Field(None, description="evidence bundle to use instead of collecting")
     evidence_device: Literal["cuda", "cpu"] = "cuda"
+    collect: bool = Field(True, description="collect GPU evidence when no bundle is given")
     budget_candidates: int = 12
     budget_minutes: float = 18.0
     timing_pairs: int = Field(3, description="interleaved incumbent/candidate process pairs per candidate")

@@ -435,6 +435,8 @@ class _Attention(_SiteTransformer):
                     out_idx = j
                     v = _matmul_operands(_find_matmul_of(val, cur))[1]
                     break
+                elif soft_idx is not None and b.targets[0].target.value == cur:
+                    break  # the probabilities are transformed (dropout, ...) before use
             if mask_idx is None or soft_idx is None or out_idx is None:
                 continue
             if "dropout" in "".join(code(stmts[x]) for x in range(i, out_idx + 1)):

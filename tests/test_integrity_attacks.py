@@ -1,0 +1,127 @@
+"""Each defence of measurement_integrity.md, tried with the attack it stops.
+
+Candidates are written as edits of the ported minigpt fixture and go through the same
+`validate` the loop uses; every one of them must come back rejected, at the stage named.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from trainbridge.agent.evaluate import interleaved_timing, reference_run, validate
+from trainbridge.harness.runner import port_sources
+from trainbridge.measure.statistics import compare
+from trainbridge.workload import load_workload
+
+MINIGPT = Path(__file__).parent / "fixtures" / "loop" / "minigpt"
+FILE = "train.py"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    wl = load_workload(MINIGPT)
+    port, _ = port_sources(wl, "cpu")
+    out = tmp_path_factory.mktemp("integrity")
+    ref = reference_run(wl, "cpu", port, out, seed=1337, label="ref")
+    assert ref.status == "ok", ref.error
+    return wl, port, ref, out
+
+
+def _edit(port, old, new, count=1):
+    text = port[FILE]
+    assert old in text, old
+    return {**port, FILE: text.replace(old, new, count)}
+
+
+def _validate(setup, candidate):
+    wl, port, ref, out = setup
+    verdict, _ = validate(wl, "cpu", original=port, candidate=candidate, changed=[FILE], baseline_ref=ref,
+                          out_dir=out, seed=1337, low_precision=False, ops_removed=[])
+    return verdict
+
+
+def test_legitimate_rewrite_passes(setup):
+    _, port, _, _ = setup
+    # the same math written differently: x*x -> x.pow(2)
+    cand = _edit(port, "(hidden * hidden).mean(dim=-1, keepdim=True)", "hidden.pow(2).mean(-1, keepdim=True)")
+    v = _validate(setup, cand)
+    assert v.passed, v.reason
+
+
+def test_candidate_that_breaks_correctness(setup):
+    _, port, _, _ = setup
+    cand = _edit(port, "torch.rsqrt(variance + self.eps)", "torch.rsqrt(variance + 0.5)")
+    v = _validate(setup, cand)
+    assert not v.passed and v.stage == "correctness", v
+
+
+def test_smaller_batch_is_skipped_work(setup):
+    _, port, _, _ = setup
+    cand = _edit(port, "        x, y = get_batch(gen)\n", "        x, y = get_batch(gen)\n        x, y = x[:2], y[:2]\n")
+    v = _validate(setup, cand)
+    assert not v.passed and v.stage in ("work", "correctness"), v
+    assert v.stage == "work" or "loss" in v.reason
+
+
+def test_fewer_layers_is_refused(setup):
+    _, port, _, _ = setup
+    cand = _edit(port, "for _ in range(n_layers)]", "for _ in range(n_layers - 1)]")
+    v = _validate(setup, cand)
+    assert not v.passed and v.stage in ("correctness", "work"), v
+
+
+def test_early_return_in_forward_is_refused(setup):
+    _, port, _, _ = setup
+    cand = _edit(port, "        h = h + self.attn(self.n1(h))\n", "        h = h + self.attn(self.n1(h))\n        return h\n")
+    v = _validate(setup, cand)
+    assert not v.passed and v.stage == "guard" and "early_return" in v.reason
+
+
+def test_cached_output_is_refused(setup):
+    _, port, _, _ = setup
+    cand = _edit(port, "        return F.cross_entropy(logits.view(-1, vocab), targets.reshape(-1))",
+                 "        loss = F.cross_entropy(logits.view(-1, vocab), targets.reshape(-1))\n"
+                 "        self.__dict__.setdefault('_cached', loss.detach().requires_grad_())\n"
+                 "        return self._cached")
+    v = _validate(setup, cand)
+    assert not v.passed and v.stage in ("guard", "correctness"), v
+
+
+def test_protected_region_edits_are_refused(setup):
+    _, port, _, _ = setup
+    v = _validate(setup, _edit(port, "torch.randint(1, 4,", "torch.randint(1, 2,"))  # inside get_batch
+    assert not v.passed and v.stage == "guard" and "get_batch" in v.reason
+    v = _validate(setup, {FILE: port[FILE] + "\nbatch_size = 2\n"})
+    assert not v.passed and v.stage == "guard" and "batch_size" in v.reason
+
+
+def test_reseeding_and_timer_patching_are_refused(setup):
+    _, port, _, _ = setup
+    v = _validate(setup, {FILE: port[FILE].replace("def main():\n", "def main():\n    torch.manual_seed(1)\n")})
+    assert not v.passed and "seed" in v.reason
+    v = _validate(setup, {FILE: port[FILE].replace("import torch\n", "import torch\nimport time\ntime.perf_counter = lambda: 0.0\n", 1)})
+    assert not v.passed and "monkeypatch" in v.reason
+
+
+def test_silent_fallback_is_refused(setup):
+    _, port, _, _ = setup
+    old = "        probs = F.softmax(scores, dim=-1)\n"
+    new = ("        try:\n            probs = torch.special.softmax(scores, dim=-1)\n"
+           "        except Exception:\n            probs = F.softmax(scores, dim=-1)\n")
+    v = _validate(setup, _edit(port, old, new))
+    assert not v.passed and v.stage == "guard" and "silent_fallback" in v.reason
+
+
+def test_non_editable_file_is_refused(setup):
+    _, port, _, _ = setup
+    v = _validate(setup, {**port, "trainbridge.toml": "name = 'x'\n"})
+    assert not v.passed and v.stage == "guard"
+
+
+def test_same_program_against_itself_is_not_accepted(setup):
+    wl, port, _, out = setup
+    inc, cand, problems = interleaved_timing(wl, "cpu", incumbent=port, candidate=port, pairs=3, out_dir=out, seed=1337)
+    assert not problems and len(inc) == len(cand) == 3
+    comp = compare(inc, cand, min_effect=0.02, confidence=0.95)
+    assert comp.decision == "reject", comp.reason
+    assert comp.ci_low <= 1.02
