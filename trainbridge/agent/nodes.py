@@ -71,6 +71,15 @@ class Nodes:
     def _profile(self) -> ProfileReport:
         return ProfileReport.model_validate_json(self.ctx.paths.profile.read_text())
 
+    def _logged(self, cid: str, kind):
+        """The candidate's last event of this kind, if an interrupted earlier attempt wrote it:
+        nodes reuse it instead of redoing (and re-logging) finished work on --resume."""
+        found = None
+        for e in self.ctx.ledger.events():
+            if isinstance(e, kind) and getattr(e, "candidate_id", None) == cid:
+                found = e
+        return found
+
     def _elapsed_min(self, state: RunState) -> float:
         return (time.time() - state["started_at"]) / 60.0
 
@@ -202,6 +211,11 @@ class Nodes:
         cur = dict(state["current"])
         item = PlanItem.model_validate(cur["item"])
         ctx.report("rewrite", candidate=cur["id"])
+        cdir = ctx.paths.candidate_dir(cur["id"])
+        if self._logged(cur["id"], ev.CandidateProposed) is not None and (cdir / "proposal.json").exists():
+            prev = Proposal.model_validate_json((cdir / "proposal.json").read_text())
+            cur.update(stage="proposed", dir=str(cdir), low_precision=prev.low_precision)
+            return {"current": cur}
         incumbent = read_program(Path(state["incumbent_dir"]))
         proposal = ctx.rewriter.propose(item, incumbent, cfg.target, {"profile": self._profile()})
         if isinstance(proposal, Declined):
@@ -227,6 +241,13 @@ class Nodes:
         item = PlanItem.model_validate(cur["item"])
         ctx.report("validate", candidate=cur["id"])
         cdir = Path(cur["dir"])
+        done = self._logged(cur["id"], ev.CandidateValidated)
+        if done is not None:
+            if not done.passed:
+                self._decide(cur["id"], "rejected", f"{done.stage}: {done.reason}", state.get("incumbent_speedup", 1.0))
+                return {"current": None, "rejected": [*state.get("rejected", []), cur["id"]]}
+            cur.update(stage="validated")
+            return {"current": cur}
         proposal = Proposal.model_validate_json((cdir / "proposal.json").read_text())
         original = read_program(ctx.paths.baseline_dir)
         incumbent_ref = None
@@ -254,6 +275,10 @@ class Nodes:
         ctx, cfg = self.ctx, self.cfg
         cur = dict(state["current"])
         cdir = Path(cur["dir"])
+        done = self._logged(cur["id"], ev.CandidateMeasured)
+        if done is not None:
+            cur.update(stage="measured", comparison=done.comparison.model_dump())
+            return {"current": cur}
         incumbent = read_program(Path(state["incumbent_dir"]))
         candidate = read_program(cdir / "program")
 
@@ -322,5 +347,7 @@ class Nodes:
 
     def _decide(self, cid: str, decision: str, reason: str, speed: float | None) -> None:
         self.ctx.report("decide", candidate=cid, decision=decision, speedup=speed)
+        if self._logged(cid, ev.CandidateDecided) is not None:
+            return  # decided before an interruption; the checkpoint just had not caught up
         self._log(ev.CandidateDecided(**self._base(), candidate_id=cid, decision=decision, reason=reason,
                                       incumbent_speedup_vs_baseline=speed))

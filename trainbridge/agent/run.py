@@ -71,10 +71,14 @@ def _drive(cfg: RunConfig, paths: RunPaths, ledger: Ledger, reporter, initial) -
     saver = open_checkpointer(paths.checkpoints)
     graph = build_graph(ctx, checkpointer=saver)
     config = {"configurable": {"thread_id": cfg.run_id}, "recursion_limit": 10_000}
+    # durability="sync": each checkpoint is on disk before the next node starts, so a kill
+    # loses at most the node that was running (whose own ledger events make it idempotent).
     if initial is None:
         snapshot = graph.get_state(config)
         if not snapshot.next:
-            return  # already finished
-        graph.invoke(None, config=config)
+            if any(isinstance(e, ev.RunFinished) for e in ledger.events()):
+                return  # already finished
+            raise RuntimeError(f"{paths.root}: checkpoint has no pending node but the run never finished")
+        graph.invoke(None, config=config, durability="sync")
     else:
-        graph.invoke(initial, config=config)
+        graph.invoke(initial, config=config, durability="sync")
