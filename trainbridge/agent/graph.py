@@ -25,8 +25,16 @@ def _after_rewrite(state: RunState) -> Literal["validate", "plan"]:
     return "validate" if state.get("current") else "plan"
 
 
-def _after_validate(state: RunState) -> Literal["measure", "plan"]:
-    return "measure" if state.get("current") else "plan"
+def _after_validate(state: RunState) -> Literal["measure", "rewrite", "plan"]:
+    cur = state.get("current")
+    if not cur:
+        return "plan"
+    return "rewrite" if cur.get("stage") == "repair" else "measure"
+
+
+def _after_decide(state: RunState) -> Literal["rewrite", "plan"]:
+    cur = state.get("current")
+    return "rewrite" if cur and cur.get("stage") == "repair" else "plan"
 
 
 def build_graph(ctx: RunContext, checkpointer=None):
@@ -49,7 +57,7 @@ def build_graph(ctx: RunContext, checkpointer=None):
     g.add_conditional_edges("rewrite", _after_rewrite)
     g.add_conditional_edges("validate", _after_validate)
     g.add_edge("measure", "decide")
-    g.add_edge("decide", "plan")
+    g.add_conditional_edges("decide", _after_decide)  # a model's slower candidate may be repaired
     g.add_edge("report", END)
     return g.compile(checkpointer=checkpointer)
 

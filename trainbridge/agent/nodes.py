@@ -71,6 +71,27 @@ class Nodes:
     def _profile(self) -> ProfileReport:
         return ProfileReport.model_validate_json(self.ctx.paths.profile.read_text())
 
+    MAX_REPAIRS = 2
+
+    def _reject_or_repair(self, state: RunState, cur: dict, stage: str, reason: str) -> dict:
+        """Reject the candidate; if a model wrote it and has repairs left, send the exact
+        failure back to it as a new candidate (`<id>-r<n>`) instead of moving on."""
+        repairs = int(cur.get("repairs", 0))
+        source = cur.get("source", "")
+        can_repair = source.startswith("llm:") and hasattr(self.ctx.rewriter, "repair") and repairs < self.MAX_REPAIRS
+        base_id = cur["id"].split("-r")[0] if cur.get("repairs") else cur["id"]
+        new_id = f"{base_id}-r{repairs + 1}"
+        note = f" (sent back for repair as {new_id})" if can_repair else ""
+        self._decide(cur["id"], "rejected", f"{stage}: {reason}{note}", state.get("incumbent_speedup", 1.0))
+        update = {"rejected": [*state.get("rejected", []), cur["id"]]}
+        if can_repair:
+            update["current"] = {"id": new_id, "item": cur["item"], "stage": "repair", "repairs": repairs + 1,
+                                 "feedback": f"{stage}: {reason}", "previous_dir": cur["dir"]}
+            update["candidates"] = [*state.get("candidates", []), new_id]
+        else:
+            update["current"] = None
+        return update
+
     def _logged(self, cid: str, kind):
         """The candidate's last event of this kind, if an interrupted earlier attempt wrote it:
         nodes reuse it instead of redoing (and re-logging) finished work on --resume."""
@@ -79,6 +100,11 @@ class Nodes:
             if isinstance(e, kind) and getattr(e, "candidate_id", None) == cid:
                 found = e
         return found
+
+    def _history(self) -> list[str]:
+        """What was tried before and why it was rejected (for the LLM's prompt)."""
+        return [f"{c.candidate_id} ({c.pattern}, {c.level}): {c.decision}: {c.reason[:200]}"
+                for c in self.ctx.ledger.candidates() if c.decision in ("accepted", "rejected")]
 
     def _elapsed_min(self, state: RunState) -> float:
         return (time.time() - state["started_at"]) / 60.0
@@ -214,10 +240,15 @@ class Nodes:
         cdir = ctx.paths.candidate_dir(cur["id"])
         if self._logged(cur["id"], ev.CandidateProposed) is not None and (cdir / "proposal.json").exists():
             prev = Proposal.model_validate_json((cdir / "proposal.json").read_text())
-            cur.update(stage="proposed", dir=str(cdir), low_precision=prev.low_precision)
+            cur.update(stage="proposed", dir=str(cdir), low_precision=prev.low_precision, source=prev.source)
             return {"current": cur}
         incumbent = read_program(Path(state["incumbent_dir"]))
-        proposal = ctx.rewriter.propose(item, incumbent, cfg.target, {"profile": self._profile()})
+        context = {"profile": self._profile(), "history": self._history()}
+        if cur.get("feedback"):
+            previous = Proposal.model_validate_json((Path(cur["previous_dir"]) / "proposal.json").read_text())
+            proposal = ctx.rewriter.repair(item, incumbent, cfg.target, context, previous, cur["feedback"])
+        else:
+            proposal = ctx.rewriter.propose(item, incumbent, cfg.target, context)
         if isinstance(proposal, Declined):
             self._reject(cur["id"], "apply", proposal.reason)
             return {"current": None, "rejected": [*state.get("rejected", []), cur["id"]]}
@@ -232,7 +263,7 @@ class Nodes:
             hypothesis=item.hypothesis.model_dump(), diff=diff, files=proposal.changed_files,
             incumbent=state.get("incumbent_id", "port"),
         ))
-        cur.update(stage="proposed", dir=str(cdir), low_precision=proposal.low_precision)
+        cur.update(stage="proposed", dir=str(cdir), low_precision=proposal.low_precision, source=proposal.source)
         return {"current": cur}
 
     def validate(self, state: RunState) -> dict:
@@ -266,8 +297,7 @@ class Nodes:
         self._log(ev.CandidateValidated(**self._base(), candidate_id=cur["id"], passed=verdict.passed,
                                         stage=verdict.stage, reason=verdict.reason, details=verdict.details))
         if not verdict.passed:
-            self._decide(cur["id"], "rejected", f"{verdict.stage}: {verdict.reason}", state.get("incumbent_speedup", 1.0))
-            return {"current": None, "rejected": [*state.get("rejected", []), cur["id"]]}
+            return self._reject_or_repair(state, cur, verdict.stage, verdict.reason)
         cur.update(stage="validated")
         return {"current": cur}
 
@@ -331,8 +361,7 @@ class Nodes:
             if cur.get("low_precision"):
                 update["low_precision"] = True
             return update
-        self._decide(cur["id"], "rejected", comp["reason"], speed)
-        return {"current": None, "rejected": [*state.get("rejected", []), cur["id"]]}
+        return self._reject_or_repair(state, cur, "measure", comp["reason"])
 
     def report(self, state: RunState) -> dict:
         from .report import final_report

@@ -29,6 +29,19 @@ from .cstutil import (Ref, call_name, code, dim_is_last, expr, flatten_mul, is_m
                       contains_name, load_names, _has_effects)
 from .expr_engine import Env, ExprRecipe, Match
 
+CPU_WEIGHTED_HELPER = '''
+def _tb_rms_norm(x, weight, eps):
+    """Fused RMSNorm with the program's weight; keeps the eager chain's dtype promotion.
+
+    F.rms_norm fuses the weight only when it has x's dtype; with a different dtype (an fp32
+    weight on a bf16 activation under autocast) the eager chain promoted to the weight's
+    dtype, so the weight is applied after the fused normalization instead.
+    """
+    if weight.dtype == x.dtype:
+        return {F}.rms_norm(x, (x.size(-1),), weight, eps)
+    return {F}.rms_norm(x, (x.size(-1),), None, eps) * weight
+'''
+
 NPU_GAMMA_HELPER = '''
 _TB_NPU_RMS_GAMMA = {}
 
@@ -73,28 +86,19 @@ def mean_last_arg(ref: Ref, used: set) -> Ref | None:
     """A for A.mean(-1, keepdim=True) / torch.mean(A, dim=-1, keepdim=True) (also dim=(-1,))."""
     ref = ref.scope.follow(ref, used)
     n = strip_parens(ref.node)
-    if not (isinstance(n, cst.Call) and call_name(n) == "mean"):
+    if not (isinstance(n, cst.Call) and call_name(n) == "mean") or kwarg(n, "dtype") is not None:
         return None
-    if not is_true(kwarg(n, "keepdim")):
-        pos = positional(n)
-        recv = method_receiver(n, {"mean"})
-        k = 1 if recv is not None else 2
-        if not (len(pos) > k and is_true(pos[k])):
-            return None
     recv = method_receiver(n, {"mean"})
     pos = positional(n)
     if recv is not None:
-        a, dims = recv, pos
+        a, rest = recv, pos
     elif is_module_call(n, {"mean"}) and pos:
-        a, dims = pos[0], pos[1:]
+        a, rest = pos[0], pos[1:]
     else:
         return None
-    dim = kwarg(n, "dim")
-    if dim is None:
-        dim = dims[0] if dims else None
-    if dim is None or not dim_is_last(dim):
-        return None
-    if kwarg(n, "dtype") is not None:
+    dim = kwarg(n, "dim") if kwarg(n, "dim") is not None else (rest[0] if rest else None)
+    keep = kwarg(n, "keepdim") if kwarg(n, "keepdim") is not None else (rest[1] if len(rest) > 1 else None)
+    if dim is None or not dim_is_last(dim) or not is_true(keep):
         return None
     return ref.with_node(a)
 
@@ -200,8 +204,8 @@ def match_rms_norm(node, env: Env):
     if x_ref is None:
         return None
     others = [here.with_node(f) for f in factors if f is not x_ref.node and num(f) != 1]
-    x_names = set(load_names(scope.resolve(x_ref)))
-    if contains_name(scope.resolve(eps), x_names - {"self"}) and x_names - {"self"}:
+    x_names = set(load_names(scope.resolve(x_ref))) - {"self"}
+    if x_names & set(load_names(scope.resolve(eps))):
         return None  # eps must not depend on x
     return x_ref, others, eps, used
 
@@ -255,8 +259,11 @@ class RmsNormRecipe(ExprRecipe):
             notes.append("npu_rms_norm wants gamma in x's dtype: the weight is cast to x.dtype (under autocast x is "
                          "often bf16 while the weight is fp32); the original promoted to fp32 instead")
         else:
-            w = code(weight) if weight is not None else "None"
-            new = expr(f"{env.F}.rms_norm({xs}, ({xs}.size(-1),), {w}, {es})")
+            if weight is not None:
+                new = expr(f"_tb_rms_norm({xs}, {code(weight)}, {es})")
+                helpers.append(("_tb_rms_norm", CPU_WEIGHTED_HELPER.replace("{F}", env.F)))
+            else:
+                new = expr(f"{env.F}.rms_norm({xs}, ({xs}.size(-1),), None, {es})")
             notes.append("F.rms_norm computes in fp32 internally for bf16/fp16 inputs: a low-precision program's "
                          "norm output may differ from the eager chain in the last bf16 bit")
         if rest:
