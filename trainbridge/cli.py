@@ -93,6 +93,37 @@ def profile(
     console.print(f"wrote {out / 'profile.json'}")
 
 
+@app.command()
+@user_errors
+def collect(
+    workload: Path = typer.Argument(..., help="workload folder (with trainbridge.toml)"),
+    device: str = typer.Option("cuda", "--device", help="whose compiler decisions: cuda (Triton, GPU or not) | cpu"),
+    out: Path = typer.Option(Path("evidence.json"), "--out", "-o", help="evidence bundle to write"),
+    import_debug: Optional[Path] = typer.Option(None, "--import", help="a TORCH_COMPILE_DEBUG folder or output_code.py from a GPU run"),
+) -> None:
+    """GPU compilation evidence: Inductor kernels -> supernodes -> optimization intents."""
+    import time
+
+    from .evidence.bundle import render_summary
+
+    wl = load_workload(workload)
+    t0 = time.perf_counter()
+    if import_debug is not None:
+        from .evidence.importer import import_debug_output
+
+        bundle = import_debug_output(import_debug, source_root=wl.root)
+    else:
+        if device not in ("cuda", "cpu"):
+            raise ValueError(f"--device {device}: choose cuda or cpu")
+        from .evidence.collect import collect_workload
+
+        with err_console.status(f"compiling {wl.manifest.name} with Inductor ({device} kernels) ..."):
+            bundle = collect_workload(wl, device=device, out_dir=out.parent / f".collect-{wl.manifest.name}")
+    bundle.save(out)
+    render_summary(bundle, console)
+    console.print(f"wrote {out} ({bundle.route}, {time.perf_counter() - t0:.0f} s)")
+
+
 class RunProgress:
     """Phase, candidate and incumbent speedup of a run, on one live line plus a log of decisions."""
 
@@ -169,35 +200,30 @@ def run(
     console.print(f"run folder: {run_dir}  (report: {run_dir / 'report.md'})")
 
 
-ledger_app = typer.Typer(help="Review and re-verify run ledgers.", invoke_without_command=True)
-app.add_typer(ledger_app, name="ledger")
-
-
-@ledger_app.callback()
+@app.command("ledger")
 @user_errors
-def ledger_show(ctx: typer.Context, run_dir: Optional[Path] = typer.Argument(None)) -> None:
-    """Show a run's accepted and rejected candidates."""
-    if ctx.invoked_subcommand is not None:
-        return
-    if run_dir is None:
-        raise ValueError("give a run folder: trainbridge ledger runs/<id>")
+def ledger_cmd(
+    words: list[str] = typer.Argument(..., metavar="[verify] RUN_DIR",
+                                      help="`ledger runs/<id>` shows the table; `ledger verify runs/<id>` re-measures"),
+    pairs: int = typer.Option(3, help="interleaved port/final pairs (verify)"),
+) -> None:
+    """Review a run's accepted and rejected candidates, or re-verify its recorded speedup."""
     from .ledger.store import Ledger
     from .ledger.view import render_ledger
 
+    action, rest = (words[0], words[1:]) if words[0] in ("verify", "show") else ("show", words)
+    if len(rest) != 1:
+        raise ValueError("usage: trainbridge ledger [verify] runs/<id>")
+    run_dir = Path(rest[0])
     path = run_dir / "ledger.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise FileNotFoundError(f"{path} does not exist: not a run folder")
+    if action == "verify":
+        from .ledger.verify import verify_run
+
+        outcome = verify_run(run_dir, pairs=pairs, console=console)
+        raise typer.Exit(0 if outcome.holds else 1)
     render_ledger(Ledger(path), console)
-
-
-@ledger_app.command("verify")
-@user_errors
-def ledger_verify(run_dir: Path, pairs: int = typer.Option(3, help="interleaved port/final pairs")) -> None:
-    """Re-measure the final program against the port and say whether the recorded speedup holds."""
-    from .ledger.verify import verify_run
-
-    outcome = verify_run(run_dir, pairs=pairs, console=console)
-    raise typer.Exit(0 if outcome.holds else 1)
 
 
 @app.command()
