@@ -164,11 +164,12 @@ def run(
     agent: str = typer.Option("recipes", help="recipes | llm | llm+recipes"),
     model: Optional[str] = typer.Option(None, "--model", help="LLM model name (--agent llm)"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (or OPENAI_BASE_URL)"),
-    budget: int = typer.Option(12, help="most candidates to try"),
-    minutes: float = typer.Option(16.0, help="time budget for the loop, in minutes"),
+    budget: int = typer.Option(10, help="most candidates to try"),
+    minutes: float = typer.Option(13.0, help="time budget for port + baseline + loop, in minutes (the final measurement follows)"),
     pairs: int = typer.Option(3, help="interleaved incumbent/candidate run pairs per candidate"),
     baseline_runs: int = typer.Option(6, help="baseline runs (also the A/A calibration sample, >= 4)"),
     skip_collect: bool = typer.Option(False, help="plan from the target profile only, without GPU evidence"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="npu only: validate rewrites on the CPU with torch_npu references; measure later with `ledger measure`"),
     no_compile_compare: bool = typer.Option(False, help="skip timing torch.compile of the port at the end"),
     runs_root: Path = typer.Option(Path("runs"), help="where run folders go"),
 ) -> None:
@@ -186,13 +187,15 @@ def run(
             if workload is None:
                 raise ValueError("give a workload folder, or --resume runs/<id>")
             wl = load_workload(workload)
+            if dry_run and target != "npu":
+                raise ValueError("--dry-run is for --target npu (other targets are measured here)")
             if agent not in ("recipes", "llm", "llm+recipes"):
                 raise ValueError(f"--agent {agent}: choose recipes, llm or llm+recipes")
             cfg = RunConfig(
                 run_id=new_run_id(wl.manifest.name, target), workload=str(wl.root), target=target,
                 agent=agent, evidence=str(evidence) if evidence else None, evidence_device=evidence_device,
                 budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs, baseline_runs=baseline_runs,
-                collect=not skip_collect,
+                collect=not skip_collect, dry_run=dry_run,
                 compare_compile=not no_compile_compare, llm_model=model, llm_base_url=base_url,
             )
             run_dir = start_run(cfg, runs_root, reporter)

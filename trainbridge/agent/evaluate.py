@@ -29,11 +29,11 @@ class Validation(BaseModel):
 
 
 def reference_run(workload: Workload, target: str, files: dict[str, str], out_dir: Path, *, seed: int,
-                  label: str) -> RunResult:
+                  label: str, npu_reference: bool = False) -> RunResult:
     """The short run every validation compares against: K steps from the seed, ops and FLOPs counted."""
     k = workload.manifest.correctness.steps
     return run_workload(workload, target, out_dir=out_dir, label=label, sources=files, warmup_steps=0,
-                        measured_steps=k, count_ops=True, count_flops=True, seed=seed)
+                        measured_steps=k, count_ops=True, count_flops=True, seed=seed, npu_reference=npu_reference)
 
 
 def _parses(files: dict[str, str], changed: list[str]) -> str | None:
@@ -61,7 +61,7 @@ def mechanism_check(reference: RunResult, candidate: RunResult, ops: list[str]) 
 def validate(
     workload: Workload, target: str, *, original: dict[str, str], candidate: dict[str, str],
     changed: list[str], baseline_ref: RunResult, out_dir: Path, seed: int, low_precision: bool,
-    ops_removed: list[str], incumbent_ref: RunResult | None = None,
+    ops_removed: list[str], incumbent_ref: RunResult | None = None, npu_reference: bool = False,
 ) -> tuple[Validation, RunResult | None]:
     from .guard import check_candidate
 
@@ -75,7 +75,7 @@ def validate(
         v = errors[0]
         return Validation(passed=False, stage="guard", reason=f"{v.rule}: {v.message} ({v.file}:{v.line})",
                           details={"violations": len(errors)}), None
-    run = reference_run(workload, target, candidate, out_dir, seed=seed, label="validate")
+    run = reference_run(workload, target, candidate, out_dir, seed=seed, label="validate", npu_reference=npu_reference)
     if run.status != "ok":
         return Validation(passed=False, stage="import",
                           reason=f"candidate run {run.status}: {(run.error or '')[:600]}"), run

@@ -25,11 +25,14 @@ def _after_rewrite(state: RunState) -> Literal["validate", "plan"]:
     return "validate" if state.get("current") else "plan"
 
 
-def _after_validate(state: RunState) -> Literal["measure", "rewrite", "plan"]:
+def _after_validate(state: RunState) -> Literal["measure", "rewrite", "plan", "decide"]:
     cur = state.get("current")
     if not cur:
         return "plan"
-    return "rewrite" if cur.get("stage") == "repair" else "measure"
+    if cur.get("stage") == "repair":
+        return "rewrite"
+    # a dry run (npu references on the CPU) validates but never measures
+    return "decide" if cur.get("stage") == "validated_dry_run" else "measure"
 
 
 def _after_decide(state: RunState) -> Literal["rewrite", "plan"]:

@@ -127,26 +127,27 @@ class Nodes:
         files = read_program(ctx.paths.baseline_dir)
         out = ctx.paths.harness_dir
         ctx.report("baseline", detail="reference run")
-        ref = reference_run(ctx.workload, cfg.target, files, out, seed=cfg.seed, label="baseline-ref")
+        dry = cfg.dry_run
+        ref = reference_run(ctx.workload, cfg.target, files, out, seed=cfg.seed, label="baseline-ref", npu_reference=dry)
         if ref.status != "ok":
             raise RuntimeError(f"the ported program does not run: {ref.status}: {ref.error}")
         (ctx.paths.root / "baseline_ref.json").write_text(ref.model_dump_json())
         runs = []
-        for i in range(cfg.baseline_runs):
+        for i in range(0 if dry else cfg.baseline_runs):
             ctx.report("baseline", detail=f"timing run {i + 1}/{cfg.baseline_runs}")
             r = run_workload(ctx.workload, cfg.target, out_dir=out, label="baseline", sources=files, seed=cfg.seed)
             if r.status != "ok":
                 raise RuntimeError(f"baseline timing run {r.status}: {r.error}")
             runs.append(r.measured_ms)
-        aa = calibrate_aa(runs, min_effect=cfg.min_effect, confidence=cfg.confidence)
+        aa = None if dry else calibrate_aa(runs, min_effect=cfg.min_effect, confidence=cfg.confidence)
         ctx.report("baseline", detail="profile")
         prof_run = run_workload(ctx.workload, cfg.target, out_dir=out, label="profile", sources=files,
-                                seed=cfg.seed, profile_steps=3, count_ops=True, count_flops=True)
+                                seed=cfg.seed, profile_steps=3, count_ops=True, count_flops=True, npu_reference=dry)
         if prof_run.status != "ok":
             raise RuntimeError(f"profile run {prof_run.status}: {prof_run.error}")
         prof = analyse(prof_run, ctx.workload.manifest.name)
         ctx.paths.profile.write_text(prof.model_dump_json(indent=1))
-        pooled = sorted(x for r in runs for x in r)
+        pooled = sorted(x for r in (runs or [prof.step.raw_ms]) for x in r)
         median = pooled[len(pooled) // 2]
         self._log(ev.BaselineMeasured(
             **self._base(), runs_ms=runs, losses=ref.losses, flops_per_step=ref.flops_per_step,
@@ -290,7 +291,7 @@ class Nodes:
             ctx.workload, cfg.target, original=original, candidate=proposal.files,
             changed=proposal.changed_files, baseline_ref=self._baseline_ref(), out_dir=cdir / "harness",
             seed=cfg.seed, low_precision=low, ops_removed=item.hypothesis.ops_removed,
-            incumbent_ref=incumbent_ref,
+            incumbent_ref=incumbent_ref, npu_reference=cfg.dry_run,
         )
         if run is not None:
             (cdir / "validate_ref.json").write_text(run.model_dump_json())
@@ -298,7 +299,7 @@ class Nodes:
                                         stage=verdict.stage, reason=verdict.reason, details=verdict.details))
         if not verdict.passed:
             return self._reject_or_repair(state, cur, verdict.stage, verdict.reason)
-        cur.update(stage="validated")
+        cur.update(stage="validated_dry_run" if cfg.dry_run else "validated")
         return {"current": cur}
 
     def measure(self, state: RunState) -> dict:
@@ -346,8 +347,16 @@ class Nodes:
 
     def decide(self, state: RunState) -> dict:
         cur = dict(state["current"])
-        comp = cur["comparison"]
         speed = state.get("incumbent_speedup", 1.0)
+        if cur.get("stage") == "validated_dry_run":
+            # Validated against the references, not measured: it becomes the incumbent so the
+            # rewrites stack, and `trainbridge ledger measure` times each one on an NPU later.
+            self._decide(cur["id"], "validated_not_measured",
+                         "passed parse, guard, reference run, loss and work checks; not measured (dry run)", None)
+            return {"incumbent_dir": str(Path(cur["dir"]) / "program"), "incumbent_id": cur["id"],
+                    "accepted": [*state.get("accepted", []), cur["id"]], "current": None,
+                    **({"low_precision": True} if cur.get("low_precision") else {})}
+        comp = cur["comparison"]
         if comp["decision"] == "accept":
             new_speed = speed * comp["speedup"]
             self._decide(cur["id"], "accepted", comp["reason"], new_speed)

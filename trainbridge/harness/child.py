@@ -319,7 +319,7 @@ def _environment(req: RunRequest, target) -> Environment:
         python=platform.python_version(),
         torch_version=torch.__version__,
         target=req.target,
-        device_name=target.device_name(),
+        device_name=("torch_npu reference (CPU): not an NPU measurement" if req.npu_reference else target.device_name()),
         cpu_model=__import__("trainbridge.targets.base", fromlist=["cpu_model"]).cpu_model(),
         torch_threads=torch.get_num_threads(),
         interop_threads=torch.get_num_interop_threads(),
@@ -339,7 +339,15 @@ def _is_oom(exc: BaseException) -> bool:
 def run(req: RunRequest) -> RunResult:
     t0 = time.perf_counter()
     result = RunResult(status="crashed", request=req)
-    target = get_target(req.target)
+    if req.npu_reference:
+        # Dry run: the npu program executes on the CPU against plain-PyTorch references of
+        # torch_npu; nothing it measures is an NPU measurement (environment says so).
+        from ..npu_reference.fake_torch_npu import install
+
+        install()
+        target = get_target("cpu")
+    else:
+        target = get_target(req.target)
     try:
         target.check_available()
     except TargetUnavailable as e:

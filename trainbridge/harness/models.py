@@ -33,6 +33,7 @@ class RunRequest(BaseModel):
     profile_trace_path: str | None = None
     count_ops_step: bool = False
     count_flops_step: bool = False
+    npu_reference: bool = Field(False, description="dry run of an npu program on the CPU with the torch_npu references")
     plugins: list[str] = Field(default_factory=list, description="'module:Class' harness plugins (e.g. evidence capture)")
     plugin_options: dict[str, str] = Field(default_factory=dict)
 

@@ -232,6 +232,7 @@ def run_workload(
     timeout_s: float | None = None,
     env: dict[str, str] | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
+    npu_reference: bool = False,
 ) -> RunResult:
     """Run a workload's program (ported to `target`, or the given `sources`) in a child.
 
@@ -242,6 +243,12 @@ def run_workload(
     m = workload.manifest
     if sources is None:
         sources, _ = port_sources(workload, target)
+    if npu_reference:
+        if target != "npu":
+            raise ValueError("npu_reference (dry run) applies to the npu target only")
+        from ..npu_reference.fake_torch_npu import npu_to_cpu_for_dry_run
+
+        sources = {rel: npu_to_cpu_for_dry_run(t) if rel.endswith(".py") else t for rel, t in sources.items()}
     out_dir = Path(out_dir)
     prog_dir = materialize(workload, sources, out_dir / "programs" / sources_digest(sources))
     results = out_dir / "results"
@@ -264,6 +271,7 @@ def run_workload(
         count_flops_step=count_flops,
         plugins=plugins or [],
         plugin_options=plugin_options or {},
+        npu_reference=npu_reference,
     )
     run_env = dict(m.env)
     run_env.update(env or {})

@@ -1,7 +1,9 @@
 """The run ledger's events: one JSON object per line of `runs/<id>/ledger.jsonl`.
 
-The JSON a person reviews is exactly these models (`ledger_schema()` publishes them).
-Raw samples are kept in the events so a decision can be re-derived from the ledger alone.
+The JSON a person reviews is exactly these models (`ledger_schema()` publishes them), a
+union discriminated by `event`. Raw samples (every run's step_ms) are kept in the events,
+so any decision can be re-derived, and re-verified, from the ledger alone. Unknown fields
+are refused: a field a writer adds without adding it here would otherwise vanish silently.
 """
 
 from __future__ import annotations
@@ -9,31 +11,81 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from ..measure.statistics import AACalibration, Comparison
+from ..harness.models import Environment, TargetName
+from ..measure.statistics import AACalibration, Comparison, Summary, summarize
 
+LEDGER_SCHEMA_VERSION = 1
 Scalar = Union[str, float, int, bool, None]
+ValidationStage = Literal["apply", "parse", "import", "guard", "correctness", "work", "lab"]
 
 
 def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    """ISO 8601 time in UTC with the offset written out, the format of every `time_utc`."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-class _Event(BaseModel):
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Event(_Strict):
     run_id: str
-    time_utc: str
+    time_utc: str = Field(..., description="ISO 8601 with UTC offset, from utc_now()")
+
+    @field_validator("time_utc")
+    @classmethod
+    def _iso_utc(cls, v: str) -> str:
+        t = dt.datetime.fromisoformat(v)
+        if t.utcoffset() is None:
+            raise ValueError(f"time_utc {v!r} has no UTC offset")
+        return v
 
 
+# ------------------------------------------------------------- sub-records ----
+class PortChangeRecord(_Strict):
+    """One edit of the naive port (targets.port_source.PortChange as recorded)."""
+
+    file: str
+    line: int
+    kind: str
+    before: str
+    after: str
+    semantic_change: bool = Field(False, description="the port changed what the program computes (e.g. precision)")
+    note: str = ""
+
+
+class HypothesisRecord(_Strict):
+    """What a candidate claims before it is measured, so the claim can be checked after."""
+
+    ops_removed: list[str] = Field(default_factory=list)
+    predicted_saving_ms: float
+    predicted_saving_pct: float
+    reject_if: str
+
+
+class EndToEnd(_Strict):
+    """Final program vs port (and torch.compile of the port) in one interleaved session."""
+
+    runs_ms: dict[str, list[list[float]]] = Field(default_factory=dict, description="arm -> step_ms per run")
+    final_vs_port: Comparison | None = None
+    final_vs_compiled_port: Comparison | None = None
+    compiled_port_vs_port: Comparison | None = None
+
+
+# ------------------------------------------------------------------ events ----
 class RunStarted(_Event):
     event: Literal["run_started"] = "run_started"
-    workload: str
-    target: str
+    ledger_schema_version: int = LEDGER_SCHEMA_VERSION
+    workload: str = Field(..., description="workload folder as given")
+    workload_name: str | None = Field(None, description="manifest name")
+    target: TargetName
     agent: str
     budget_candidates: int
     budget_minutes: float
     argv: list[str]
-    environment: dict[str, str]
+    environment: dict[str, str] = Field(default_factory=dict)
 
 
 class RunResumed(_Event):
@@ -43,9 +95,9 @@ class RunResumed(_Event):
 
 class PortApplied(_Event):
     event: Literal["port_applied"] = "port_applied"
-    target: str
-    changes: list[dict[str, Scalar]] = Field(..., description="PortChange: file, line, kind, before, after, semantic_change, note")
-    diff: str
+    target: TargetName | None = None
+    changes: list[PortChangeRecord]
+    diff: str = ""
 
 
 class BaselineMeasured(_Event):
@@ -54,34 +106,47 @@ class BaselineMeasured(_Event):
     losses: list[float | None]
     flops_per_step: int | None
     work_items_per_step: list[int]
-    ops_per_step: int | None
-    median_ms: float
-    verdict: str
-    profile_path: str
-    aa: AACalibration = Field(..., description="A/A calibration of the acceptance rule on these runs")
-    environment: dict[str, Scalar | dict[str, str]] = Field(default_factory=dict)
+    ops_per_step: int | None = None
+    median_ms: float | None = None
+    verdict: str | None = Field(None, description="profile bottleneck verdict")
+    profile_path: str | None = None
+    aa: AACalibration | None = Field(None, description="A/A calibration of the acceptance rule on these runs")
+    summary: Summary | None = Field(None, description="of the pooled runs; filled in when not given")
+    environment: Environment | None = None
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _empty_env(cls, v):
+        return None if v == {} else v
+
+    @model_validator(mode="after")
+    def _fill_summary(self) -> BaselineMeasured:
+        pooled = [x for r in self.runs_ms for x in r]
+        if self.summary is None and pooled:
+            self.summary = summarize(pooled)
+        return self
 
 
 class EvidenceLoaded(_Event):
     event: Literal["evidence_loaded"] = "evidence_loaded"
     path: str | None
     intents: int
-    note: str
+    note: str = ""
 
 
 class CandidateProposed(_Event):
     event: Literal["candidate_proposed"] = "candidate_proposed"
     candidate_id: str
-    intent_id: str | None
+    intent_id: str | None = None
     pattern: str
     level: str
     gap_class: str
-    source: str = Field(..., description="recipe:<name> or llm:<model>")
+    source: str = Field(..., description="'recipe:<name>' or 'llm:<model>'")
     mechanism: str
-    hypothesis: dict[str, Scalar | list[str]] = Field(..., description="ops_removed, predicted_saving_ms/pct, reject_if")
+    hypothesis: HypothesisRecord
     diff: str
     files: list[str]
-    incumbent: str
+    incumbent: str = Field("port", description="candidate id the diff applies to")
     llm: list[dict[str, Scalar]] = Field(default_factory=list, description="LLM requests/answers (tokens, latency)")
 
 
@@ -89,7 +154,7 @@ class CandidateValidated(_Event):
     event: Literal["candidate_validated"] = "candidate_validated"
     candidate_id: str
     passed: bool
-    stage: str = Field(..., description="apply | parse | guard | import | correctness | work | lab")
+    stage: ValidationStage = Field(..., description="last stage reached; the failing one when passed is false")
     reason: str
     details: dict[str, Scalar] = Field(default_factory=dict)
 
@@ -97,44 +162,49 @@ class CandidateValidated(_Event):
 class CandidateMeasured(_Event):
     event: Literal["candidate_measured"] = "candidate_measured"
     candidate_id: str
-    incumbent_runs_ms: list[list[float]]
+    incumbent_runs_ms: list[list[float]] = Field(..., description="raw step_ms of each incumbent process run")
     candidate_runs_ms: list[list[float]]
     comparison: Comparison
     note: str = ""
-    problems: list[str] = Field(default_factory=list)
+    aa_note: str = Field("", description="what the A/A calibration says about this decision's noise floor")
+    problems: list[str] = Field(default_factory=list, description="timing runs that failed")
 
 
 class CandidateDecided(_Event):
     event: Literal["candidate_decided"] = "candidate_decided"
     candidate_id: str
-    decision: Literal["accepted", "rejected"]
+    decision: Literal["accepted", "rejected", "validated_not_measured"] = Field(
+        ..., description="validated_not_measured: a dry run (npu references on the CPU); never a speedup")
     reason: str
-    incumbent_speedup_vs_baseline: float | None = Field(None, description="chained estimate; the end-to-end figure is measured at the end")
+    incumbent_speedup_vs_baseline: float | None = Field(
+        None, description="chained estimate; the end-to-end figure is measured at the end")
 
 
 class RunFinished(_Event):
     event: Literal["run_finished"] = "run_finished"
     final_speedup: float | None
-    final_ci: list[float | None] | None
-    compiled_port_speedup: float | None
-    final_vs_compiled: float | None
+    final_ci: tuple[float, float] | None
+    compiled_port_speedup: float | None = None
+    final_vs_compiled: float | None = None
     accepted: list[str]
     rejected: list[str]
-    done_reason: str
-    report_path: str
-    end_to_end: dict = Field(default_factory=dict, description="raw runs per arm and their comparisons")
+    done_reason: str = ""
+    report_path: str | None = None
+    end_to_end: EndToEnd = Field(default_factory=EndToEnd)
 
 
 class VerifyResult(_Event):
     event: Literal["verify_result"] = "verify_result"
     recorded_speedup: float | None
     measured_speedup: float
-    ci: list[float]
+    ci: tuple[float, float]
     holds: bool
-    port_runs_ms: list[list[float]]
-    final_runs_ms: list[list[float]]
+    port_runs_ms: list[list[float]] = Field(default_factory=list)
+    final_runs_ms: list[list[float]] = Field(default_factory=list)
 
 
+EVENT_TYPES = (RunStarted, RunResumed, PortApplied, BaselineMeasured, EvidenceLoaded, CandidateProposed,
+               CandidateValidated, CandidateMeasured, CandidateDecided, RunFinished, VerifyResult)
 LedgerEvent = Annotated[
     Union[RunStarted, RunResumed, PortApplied, BaselineMeasured, EvidenceLoaded, CandidateProposed,
           CandidateValidated, CandidateMeasured, CandidateDecided, RunFinished, VerifyResult],
@@ -143,5 +213,14 @@ LedgerEvent = Annotated[
 EVENT_ADAPTER: TypeAdapter = TypeAdapter(LedgerEvent)
 
 
+def parse_event(line: str | bytes) -> BaseModel:
+    """One ledger line back into its event model (raises pydantic.ValidationError)."""
+    return EVENT_ADAPTER.validate_json(line)
+
+
 def ledger_schema() -> dict:
-    return EVENT_ADAPTER.json_schema()
+    """JSON schema of one ledger line, for reviewers and external tools."""
+    schema = EVENT_ADAPTER.json_schema()
+    schema["title"] = "TrainBridge ledger event"
+    schema["$comment"] = f"ledger schema version {LEDGER_SCHEMA_VERSION}"
+    return schema

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import models as ev
+from ..measure.statistics import Comparison
 from .store import Ledger
 
 
-def _ci(c: dict | None) -> str:
-    if not c or c.get("speedup") is None:
+def _ci(c: Comparison | None) -> str:
+    if c is None:
         return "-"
-    return f"{c['speedup']:.3f}x (95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f})"
+    return f"{c.speedup:.3f}x ({c.confidence:.0%} CI {c.ci_low:.3f}-{c.ci_high:.3f})"
 
 
 def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
@@ -30,34 +31,35 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
     if port:
         lines += ["## Port", "", f"{len(port.changes)} changes (see ledger `PortApplied`):", ""]
         for c in port.changes[:40]:
-            flag = " **(semantic change)**" if c.get("semantic_change") else ""
-            lines.append(f"- `{c.get('file')}:{c.get('line')}` {c.get('kind')}: {c.get('note') or ''}{flag}")
+            flag = " **(semantic change)**" if c.semantic_change else ""
+            lines.append(f"- `{c.file}:{c.line}` {c.kind}: {c.note}{flag}")
         lines.append("")
     if base:
-        aa = base.aa.model_dump()
+        aa = base.aa
+        median = base.median_ms if base.median_ms is not None else (base.summary.median_ms if base.summary else float("nan"))
         lines += ["## Baseline (the port)", "",
-                  f"- median step {base.median_ms:.1f} ms over {sum(len(r) for r in base.runs_ms)} steps in "
+                  f"- median step {median:.1f} ms over {sum(len(r) for r in base.runs_ms)} steps in "
                   f"{len(base.runs_ms)} runs; verdict **{base.verdict}**",
                   f"- ATen ops per step: {base.ops_per_step}; FLOPs per step: {base.flops_per_step}",
-                  f"- A/A calibration: false-accept rate {aa.get('false_accept_rate', float('nan')):.3f} "
-                  f"over {aa.get('n_splits', 0)} splits of the baseline runs", ""]
+                  (f"- A/A calibration: false-accept rate {aa.false_accept_rate:.3f} over {aa.n_splits} splits "
+                   f"of the baseline runs; {aa.note}" if aa else "- A/A calibration: not run"), ""]
     lines += ["## Candidates", "",
               "| id | pattern | level | mechanism | predicted | measured | decision | reason |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for cid, d in decided.items():
         p = proposed.get(cid)
         m = measured.get(cid)
-        pred = f"{p.hypothesis.get('predicted_saving_pct', 0):.1f}%" if p else "-"
+        pred = f"{p.hypothesis.predicted_saving_pct:.1f}%" if p else "-"
         lines.append(
             f"| {cid} | {p.pattern if p else '-'} | {p.level if p else '-'} | {(p.mechanism if p else '')[:60]} | "
-            f"{pred} | {_ci(m.comparison.model_dump() if m else None)} | {d.decision} | {d.reason[:120].replace('|', '/')} |")
+            f"{pred} | {_ci(m.comparison if m else None)} | {d.decision} | {d.reason[:120].replace('|', '/')} |")
     lines.append("")
     if fin:
-        e2e = fin.end_to_end or {}
+        e2e = fin.end_to_end
         lines += ["## End to end (measured in one interleaved session)", "",
-                  f"- final vs port: {_ci(e2e.get('final_vs_port'))}",
-                  f"- torch.compile of the port vs port: {_ci(e2e.get('compiled_port_vs_port'))}",
-                  f"- final vs torch.compile of the port: {_ci(e2e.get('final_vs_compiled_port'))}",
+                  f"- final vs port: {_ci(e2e.final_vs_port)}",
+                  f"- torch.compile of the port vs port: {_ci(e2e.compiled_port_vs_port)}",
+                  f"- final vs torch.compile of the port: {_ci(e2e.final_vs_compiled_port)}",
                   f"- accepted: {', '.join(fin.accepted) or 'none'}; rejected: {len(fin.rejected)}",
                   f"- loop ended: {fin.done_reason}", "",
                   "Final program: `final/` (diffs `final/vs_port.diff`, `final/vs_original.diff`).", ""]

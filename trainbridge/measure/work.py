@@ -1,40 +1,93 @@
 """Work conservation: a faster candidate must still do the baseline's work.
 
 Skipped work is the most common way automated optimizers fool themselves (smaller batch,
-fewer layers, an early return). Two independent counts catch it: the work items the root
-module sees per step (tokens or samples) and the FLOPs of one step
-(torch.utils.flop_counter). FLOPs may rise (recomputation); they may not fall.
+shorter sequence, fewer layers, fewer steps, an early return). Independent counts catch it:
+the number of steps the harness saw, the work items (tokens or samples) the root module saw
+on each of them, and the FLOPs of one step (torch.utils.flop_counter). FLOPs may rise
+(recomputation is a legitimate trade); they may not fall beyond `flop_rtol`.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from ..harness.models import RunResult
+from ..harness.models import RunResult, StepRecord
+
+# Phases whose work items are compared step by step: the timed ones, and the step the FLOPs
+# were counted on (its work must match too, or the FLOP comparison compares different work).
+_COMPARED = ("warmup", "measured", "count_flops")
 
 
 class WorkVerdict(BaseModel):
     passed: bool
     reason: str
-    baseline_flops: int | None = None
+    warmup_steps_baseline: int = 0
+    measured_steps_baseline: int = 0
+    warmup_steps_candidate: int = 0
+    measured_steps_candidate: int = 0
+    work_items_baseline: int = Field(0, description="sum over compared steps")
+    work_items_candidate: int = 0
+    first_mismatch_step: int | None = Field(None, description="1-based step index where work items first differ")
+    baseline_flops: int | None = Field(None, description="FLOPs per step")
     candidate_flops: int | None = None
+    flops_ratio: float | None = Field(None, description="candidate / baseline FLOPs per step; > 1 is allowed")
+    notes: list[str] = Field(default_factory=list, description="differences recorded but not failed on")
+
+
+def _steps(r: RunResult, phase: str) -> list[StepRecord]:
+    return sorted((s for s in r.steps if s.phase == phase), key=lambda s: s.index)
 
 
 def check_work(baseline: RunResult, candidate: RunResult, *, flop_rtol: float = 0.01) -> WorkVerdict:
-    if len(candidate.steps) != len(baseline.steps):
-        return WorkVerdict(passed=False, reason=f"{len(candidate.steps)} steps vs the baseline's {len(baseline.steps)}")
-    for b, c in zip(baseline.steps, candidate.steps):
-        if b.work_items != c.work_items:
-            return WorkVerdict(passed=False, reason=(
-                f"step {c.index}: {c.work_items} work items (tokens/samples) vs the baseline's {b.work_items}"))
-        if b.work_items == 0:
-            return WorkVerdict(passed=False, reason=f"step {b.index}: no work items observed; cannot check work")
+    """Fail when the candidate ran fewer/more steps, saw other work items, or does fewer FLOPs."""
+    bw, bm = _steps(baseline, "warmup"), _steps(baseline, "measured")
+    cw, cm = _steps(candidate, "warmup"), _steps(candidate, "measured")
+    counts = {"warmup_steps_baseline": len(bw), "measured_steps_baseline": len(bm),
+              "warmup_steps_candidate": len(cw), "measured_steps_candidate": len(cm)}
+    b_cmp = [s for p in _COMPARED for s in _steps(baseline, p)]
+    c_cmp = [s for p in _COMPARED for s in _steps(candidate, p)]
+    items = {"work_items_baseline": sum(s.work_items for s in b_cmp),
+             "work_items_candidate": sum(s.work_items for s in c_cmp)}
     bf, cf = baseline.flops_per_step, candidate.flops_per_step
-    if bf is None or cf is None:
-        side = "baseline" if bf is None else "candidate"
-        return WorkVerdict(passed=False, reason=f"no FLOP count for the {side}", baseline_flops=bf, candidate_flops=cf)
-    if cf < bf * (1 - flop_rtol):
-        return WorkVerdict(passed=False, baseline_flops=bf, candidate_flops=cf, reason=(
-            f"FLOPs per step fell {100 * (1 - cf / bf):.1f}% ({bf:,} -> {cf:,}): work was skipped"))
-    return WorkVerdict(passed=True, baseline_flops=bf, candidate_flops=cf,
-                       reason=f"work items equal on every step; FLOPs {bf:,} -> {cf:,}")
+    flops = {"baseline_flops": bf, "candidate_flops": cf}
+
+    def fail(reason: str, **kw) -> WorkVerdict:
+        return WorkVerdict(passed=False, reason=reason, **counts, **items, **flops, **kw)
+
+    if not bm:
+        return fail("baseline has no measured steps: nothing to compare the candidate's work against")
+    if (len(cw), len(cm)) != (len(bw), len(bm)):
+        return fail(f"candidate ran {len(cw)} warmup + {len(cm)} measured steps, "
+                    f"baseline {len(bw)} + {len(bm)}")
+    if len(c_cmp) != len(b_cmp):
+        return fail(f"candidate has {len(c_cmp)} compared steps (with the FLOP-count step), baseline {len(b_cmp)}")
+    if all(s.work_items == 0 for s in b_cmp):
+        return fail("baseline work_items missing (0 on every step): cannot check the work done")
+    if all(s.work_items == 0 for s in c_cmp):
+        return fail("candidate work_items missing (0 on every step): the root module saw no inputs")
+    notes: list[str] = []
+    for b, c in zip(b_cmp, c_cmp):
+        if b.work_items != c.work_items:
+            return fail(f"step {c.index} ({c.phase}): candidate saw {c.work_items} work items, baseline "
+                        f"{b.work_items} ({c.work_items / max(b.work_items, 1):.2f}x)", first_mismatch_step=c.index)
+        if b.backward_calls > 0 and c.backward_calls == 0:
+            return fail(f"step {c.index} ({c.phase}): candidate called backward 0 times, baseline "
+                        f"{b.backward_calls}: the step skips the backward pass", first_mismatch_step=c.index)
+        if b.backward_calls != c.backward_calls and not notes:
+            notes.append(f"backward calls per step differ from step {c.index}: "
+                         f"{b.backward_calls} -> {c.backward_calls}")
+    if bf is None:
+        return fail("baseline flops_per_step missing (run it with count_flops_step)")
+    if cf is None:
+        return fail("candidate flops_per_step missing (run it with count_flops_step)")
+    if bf <= 0:
+        return fail(f"baseline flops_per_step is {bf}: the FLOP counter saw no work")
+    ratio = cf / bf
+    if ratio < 1.0 - flop_rtol:
+        return fail(f"FLOPs per step fell {100 * (1 - ratio):.1f}% ({bf:,} -> {cf:,}), more than "
+                    f"{100 * flop_rtol:g}%: work was skipped", flops_ratio=ratio)
+    if ratio > 1.0:
+        notes.append(f"FLOPs per step rose {100 * (ratio - 1):.1f}% (recomputation?)")
+    return WorkVerdict(passed=True, **counts, **items, **flops, flops_ratio=ratio, notes=notes,
+                       reason=(f"{len(bw)}+{len(bm)} steps, work items equal on every step "
+                               f"({items['work_items_baseline']:,} total), FLOPs per step {bf:,} -> {cf:,}"))
