@@ -244,13 +244,20 @@ class Nodes:
             cur.update(stage="proposed", dir=str(cdir), low_precision=prev.low_precision, source=prev.source)
             return {"current": cur}
         incumbent = read_program(Path(state["incumbent_dir"]))
-        context = {"profile": self._profile(), "history": self._history()}
+        m = ctx.workload.manifest
+        intents = [i for i in self._intents() if i.get("id") == item.intent_id]
+        context = {"profile": self._profile(), "history": self._history(), "original": read_program(ctx.paths.baseline_dir),
+                   "protected": m.protected, "editable": m.editable, "intent": intents[0] if intents else None}
+        seen = len(getattr(ctx.rewriter, "transcript", []))
         if cur.get("feedback"):
             previous = Proposal.model_validate_json((Path(cur["previous_dir"]) / "proposal.json").read_text())
             proposal = ctx.rewriter.repair(item, incumbent, cfg.target, context, previous, cur["feedback"])
         else:
             proposal = ctx.rewriter.propose(item, incumbent, cfg.target, context)
         if isinstance(proposal, Declined):
+            (cdir / "llm_transcript.json").parent.mkdir(parents=True, exist_ok=True)
+            if hasattr(ctx.rewriter, "transcript_json"):
+                (cdir / "llm_transcript.json").write_text(ctx.rewriter.transcript_json())
             self._reject(cur["id"], "apply", proposal.reason)
             return {"current": None, "rejected": [*state.get("rejected", []), cur["id"]]}
         cdir = ctx.paths.candidate_dir(cur["id"])
@@ -263,6 +270,7 @@ class Nodes:
             level=item.level, gap_class=item.gap_class, source=proposal.source, mechanism=proposal.mechanism,
             hypothesis=item.hypothesis.model_dump(), diff=diff, files=proposal.changed_files,
             incumbent=state.get("incumbent_id", "port"),
+            llm=[x.model_dump(mode="json") for x in getattr(ctx.rewriter, "transcript", [])[seen:]],
         ))
         cur.update(stage="proposed", dir=str(cdir), low_precision=proposal.low_precision, source=proposal.source)
         return {"current": cur}

@@ -147,7 +147,8 @@ class CandidateProposed(_Event):
     diff: str
     files: list[str]
     incumbent: str = Field("port", description="candidate id the diff applies to")
-    llm: list[dict[str, Scalar]] = Field(default_factory=list, description="LLM requests/answers (tokens, latency)")
+    llm: list[dict[str, Scalar | list[dict[str, str]]]] = Field(
+        default_factory=list, description="LLM requests and answers for this candidate (tokens, latency, cost; never the key)")
 
 
 class CandidateValidated(_Event):

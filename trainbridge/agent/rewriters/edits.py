@@ -35,7 +35,7 @@ class EditError(ValueError):
 def _head(text: str, n: int = SHOW_LINES) -> str:
     lines = text.strip("\n").splitlines()
     shown = "\n".join(f"    | {ln}" for ln in lines[:n])
-    more = f"\n    | ... ({len(lines) - n} more lines)" if len(lines) > n else ""
+    more = f"\n    | ... ({len(lines) - n} more line(s))" if len(lines) > n else ""
     return shown + more
 
 

@@ -1,0 +1,109 @@
+"""The offline recipe library: one mechanism per recipe, as libcst rewrites.
+
+Recipes match the *shape* of the code (expressions resolved through local assignments, see
+`cstutil.Scope`), not any program's text, so they apply to the same idiom written
+differently: `x.pow(2)` / `x * x` / `x ** 2` / `torch.square(x)`, `torch.rsqrt(v)` /
+`1 / torch.sqrt(v)`, `mean(-1, keepdim=True)` / `mean(dim=-1, keepdim=True)`, method or
+function, chained or split statements.
+
+Public API
+----------
+`Recipe` (name, pattern, level, gap_class, targets, mechanism; `find(files, target)` ->
+[`Site`], `apply(files, target, sites=None)` -> `RewriteProposal` | `NotApplicable`),
+`RECIPES` (name -> Recipe), `recipes_for(pattern, target)`.
+
+Each family lives in its own module (`recipes_runtime`, `recipes_norm`, `recipes_rotary`,
+`recipes_attention`, `recipes_mlp`, `recipes_optim`, `recipes_sync`, `recipes_compile`);
+their docstrings give the recognised forms, the math, the measurements behind the choices
+and the caveats.
+"""
+
+from __future__ import annotations
+
+from .recipe_base import NotApplicable, Recipe, RewriteProposal, Site
+from .recipes_attention import AttentionRecipe
+from .recipes_compile import CompileRegionRecipe, SoftcapCrossEntropyRecipe
+from .recipes_mlp import Relu2Recipe
+from .recipes_norm import RmsNormRecipe
+from .recipes_optim import FusedOptimizerRecipe
+from .recipes_rotary import RotaryRecipe
+from .recipes_runtime import AutocastRecipe, EnvKnobRecipe, StatementKnobRecipe, ThreadsRecipe
+from .recipes_sync import HostSyncRecipe
+
+__all__ = ["NotApplicable", "Recipe", "RewriteProposal", "Site", "RECIPES", "recipes_for"]
+
+_ALL = {"cpu", "cuda", "npu"}
+_CPU_SYNC = "a CPU runs each operator synchronously: a host read costs a scalar copy, there is no queue to drain"
+_CUDA_AS_IS = ("the cuda port keeps the GPU program as written (its torch.compile included): nothing of the "
+               "GPU's own to restore")
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in [
+    ThreadsRecipe(
+        "threads_knob", "threads", "L0", "dispatch", {"cpu", "npu"},
+        "set the host threading of the runtime: intra-op threads = available physical cores (cpu); "
+        "TASK_QUEUE_ENABLE=2 + CPU_AFFINITY_CONF=1 launch pipeline (npu)",
+        unsupported={"cuda": _CUDA_AS_IS}),
+    EnvKnobRecipe(
+        "npu_alloc_conf", "threads", "L0", "memory_lifetime", {"npu"},
+        "use the npu caching allocator's expandable segments (PYTORCH_NPU_ALLOC_CONF)",
+        var="PYTORCH_NPU_ALLOC_CONF", value="expandable_segments:True", why="less fragmentation (reserved >> allocated)",
+        unsupported={"cpu": "no device allocator", "cuda": "npu-only knob"}),
+    StatementKnobRecipe(
+        "npu_jit_compile_off", "threads", "L0", "dispatch", {"npu"},
+        "run binary npu kernels instead of compiling operators online (jit_compile=False)",
+        line="torch_npu.npu.set_compile_mode(jit_compile=False)  # trainbridge: binary kernels, no online op compile",
+        marker="set_compile_mode", unsupported={"cpu": "npu-only knob", "cuda": "npu-only knob"}),
+    StatementKnobRecipe(
+        "npu_hf32", "precision", "L0", "precision", {"npu"},
+        "let npu matmuls use HF32 (torch.npu.matmul.allow_hf32 = True)",
+        line="torch.npu.matmul.allow_hf32 = True  # trainbridge: HF32 matmuls (a precision change: loss checked)",
+        marker="allow_hf32", unsupported={"cpu": "npu-only knob", "cuda": "npu-only knob (cuda's TF32 is another knob)"},
+        notes=["HF32 lowers fp32 matmul precision: the low-precision loss tolerance applies"]),
+    AutocastRecipe(
+        "autocast_reapply", "precision", "L0", "porting_artifact", set(_ALL),
+        "point the program's 16-bit autocast at the target device (the port left it on another device, a no-op)"),
+    RmsNormRecipe(
+        "rms_norm_fused", "rms_norm", "L2", "fusion", set(_ALL),
+        "replace a hand-written RMSNorm by the fused RMSNorm operator (F.rms_norm / npu_rms_norm)",
+        ops_removed=["aten::pow", "aten::mean", "aten::add", "aten::rsqrt", "aten::mul"]),
+    RotaryRecipe(
+        "rotary_fused", "rotary", "L2", "fusion", set(_ALL),
+        "compute half-split rotary embeddings in one pass (npu_rotary_mul on npu; one roll + multiply-add "
+        "instead of slices, four multiplies and a cat on cpu/cuda)",
+        levels={"cpu": "L3", "cuda": "L3"},
+        ops_removed=["aten::slice", "aten::mul", "aten::mul", "aten::add", "aten::neg", "aten::cat"]),
+    AttentionRecipe(
+        "sdpa_attention", "attention", "L2", "fusion", set(_ALL),
+        "replace hand-written causal softmax attention by the fused attention operator "
+        "(SDPA / npu_fusion_attention)",
+        ops_removed=["aten::bmm", "aten::mul", "aten::masked_fill", "aten::_softmax", "aten::bmm"]),
+    Relu2Recipe(
+        "relu2_fused", "relu2", "L5", "fusion", set(_ALL),
+        "compute relu(x)^2 as a custom autograd function whose backward is one multiply (no threshold_backward)",
+        ops_removed=["aten::threshold_backward"]),
+    FusedOptimizerRecipe(
+        "fused_optimizer", "optimizer_update", "L2", "fusion", set(_ALL),
+        "update all parameters of a torch.optim Adam/AdamW/SGD in one fused kernel (fused=True / NpuFused*)",
+        ops_removed=["aten::mul_", "aten::add_", "aten::addcmul_", "aten::addcdiv_", "aten::lerp_", "aten::sqrt"]),
+    HostSyncRecipe(
+        "remove_host_sync", "host_sync", "L1", "sync", {"npu", "cuda"},
+        "read logged device values (.item()) only on logging steps, not every step",
+        unsupported={"cpu": _CPU_SYNC}, ops_removed=["aten::item", "aten::_local_scalar_dense"]),
+    CompileRegionRecipe(
+        "compile_region", "compile_region", "L4", "fusion", set(_ALL),
+        "torch.compile exactly one function (one supernode's source region)", per_site=True),
+    SoftcapCrossEntropyRecipe(
+        "softcap_ce_fused", "softcap_cross_entropy", "L4", "fusion", set(_ALL),
+        "fuse the tanh logit softcap with the cross-entropy (one compiled region on cpu/cuda; "
+        "npu_cross_entropy_loss on npu)",
+        levels={"npu": "L2"},
+        ops_removed=["aten::tanh", "aten::div", "aten::mul", "aten::_to_copy", "aten::_log_softmax",
+                     "aten::nll_loss_forward"]),
+]}
+
+
+def recipes_for(pattern: str, target: str) -> list[Recipe]:
+    """Recipes that realise `pattern` on `target` (cheapest ladder level first)."""
+    order = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "L6": 6}
+    out = [r for r in RECIPES.values() if r.pattern == pattern and target in r.targets]
+    return sorted(out, key=lambda r: order[r.level_for(target)])
