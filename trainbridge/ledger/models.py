@@ -72,6 +72,7 @@ class EndToEnd(_Strict):
     final_vs_port: Comparison | None = None
     final_vs_compiled_port: Comparison | None = None
     compiled_port_vs_port: Comparison | None = None
+    note: str = Field("", description="e.g. why nothing was measured (dry run)")
 
 
 # ------------------------------------------------------------------ events ----

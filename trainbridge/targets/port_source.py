@@ -167,10 +167,11 @@ class _Porter(cst.CSTTransformer):
         return updated
 
     def leave_Arg(self, original: cst.Arg, updated: cst.Arg):
-        if self.target == "cpu" and original.keyword and original.keyword.value == "pin_memory" \
+        if self.target in ("cpu", "npu") and original.keyword and original.keyword.value == "pin_memory" \
                 and m.matches(original.value, m.Name("True")):
             self._note(original, "pin_memory", "pin_memory=True", "pin_memory=False",
-                       "pinned memory needs an accelerator")
+                       "no pinned-memory allocator on cpu" if self.target == "cpu"
+                       else "the public NPU ports removed pin_memory")
             return updated.with_changes(value=cst.Name("False"))
         return updated
 

@@ -326,7 +326,9 @@ class _RmsNorm(_SiteTransformer):
             return updated
         xs = code(x).strip()
         if self.target == "npu":
-            gamma = code(w).strip() if w is not None else f"torch.ones({xs}.size(-1), dtype={xs}.dtype, device={xs}.device)"
+            # npu_rms_norm wants gamma in the activation dtype (bf16 under autocast)
+            gamma = (f"{code(w).strip()}.to({xs}.dtype)" if w is not None
+                     else f"torch.ones({xs}.size(-1), dtype={xs}.dtype, device={xs}.device)")
             new = f"return torch_npu.npu_rms_norm({xs}, {gamma}, epsilon={code(eps).strip()})[0]"
             self.imports.append("import torch_npu")
         else:
