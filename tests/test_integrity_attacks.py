@@ -67,7 +67,8 @@ def test_fewer_layers_is_refused(setup):
     _, port, _, _ = setup
     cand = _edit(port, "for _ in range(n_layers)]", "for _ in range(n_layers - 1)]")
     v = _validate(setup, cand)
-    assert not v.passed and v.stage in ("correctness", "work"), v
+    # the guard sees the layer list shrink; were it missed, the loss and FLOP checks would not
+    assert not v.passed and v.stage in ("guard", "correctness", "work"), v
 
 
 def test_early_return_in_forward_is_refused(setup):

@@ -1,0 +1,388 @@
+"""Intents: what to change, where, into what, and how sure we are.
+
+Compiler intents come from supernodes (one per pattern found in a supernode); porting
+intents from a scan of the GPU program's source compared with what the port does (autocast
+no-op, host syncs in the step, removed `torch.compile`) and from graph breaks in user code.
+
+Confidence is graded A (node-level ATen evidence + fused kernel + matching source text, or
+runtime-observed), B (op evidence or source evidence alone), C (heuristic). Target
+operators per target follow torch_npu's affinity APIs and the msprof-analyze advisor's
+patterns (npu) and the native PyTorch equivalents (cpu / cuda). None is measured here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from .bundle import (EagerOps, Intent, IntentEvidence, KernelRecord, MatmulDtype, SourceLoc, SourceSpan,
+                     Supernode, TargetOp)
+from .codeparse import short_op
+from .frames import read_line
+from .raw import RawGraphBreak
+from .recognize import recognize
+from .source_scan import ScanFinding
+from .supernodes import spans_from_locs
+
+T = TargetOp
+
+# pattern -> (gap class, level, {target: [TargetOp]})
+CATALOGUE: dict[str, tuple[str, str, dict[str, list[TargetOp]]]] = {
+    "rms_norm": ("fusion", "L2", {
+        "npu": [T(api="torch_npu.npu_rms_norm(x, gamma, epsilon)[0]", level="L2",
+                  note="fp16/bf16/fp32, gamma same dtype as x; has backward; without a weight pass ones"),
+                T(api="torch.compile(region, backend='npu')", level="L4", note="if the vendor op does not fit")],
+        "cpu": [T(api="torch.nn.functional.rms_norm(x, (d,), weight, eps)", level="L2", note="native op"),
+                T(api="torch.compile(region)", level="L4")],
+        "cuda": [T(api="torch.nn.functional.rms_norm(x, (d,), weight, eps)", level="L2"),
+                 T(api="torch.compile(region)", level="L4")],
+    }),
+    "add_rms_norm": ("fusion", "L2", {
+        "npu": [T(api="torch_npu.npu_add_rms_norm(x1, x2, gamma, epsilon)", level="L2",
+                  note="no backward registered: training needs a custom autograd function (L5) or npu_rms_norm"),
+                T(api="torch_npu.npu_rms_norm(x1 + x2, gamma, epsilon)[0]", level="L2")],
+        "cpu": [T(api="torch.nn.functional.rms_norm(x1 + x2, (d,), weight, eps)", level="L2"),
+                T(api="torch.compile(region)", level="L4")],
+        "cuda": [T(api="torch.compile(region)", level="L4", note="Inductor fuses the add into the norm")],
+    }),
+    "layer_norm": ("fusion", "L2", {
+        "npu": [T(api="torch.nn.functional.layer_norm (native on NPU)", level="L2"),
+                T(api="torch_npu.npu_add_layer_norm(x1, x2, gamma, beta, eps)", level="L2",
+                  note="when a residual add precedes the norm")],
+        "cpu": [T(api="torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)", level="L2")],
+        "cuda": [T(api="torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)", level="L2")],
+    }),
+    "rotary": ("fusion", "L2", {
+        "npu": [T(api="torch_npu.npu_rotary_mul(x, cos, sin, rotary_mode='half')", level="L2",
+                  note="4-D input (BSND/BNSD), D even and < 896; precompute cos/sin expanded to both halves; has backward")],
+        "cpu": [T(api="torch.compile(apply_rotary)", level="L4", note="no native rotary op"),
+                T(api="precompute cos/sin once, rotate with one cat", level="L3")],
+        "cuda": [T(api="torch.compile(apply_rotary)", level="L4")],
+    }),
+    "attention": ("fusion", "L2", {
+        "npu": [T(api="torch_npu.npu_fusion_attention(q, k, v, head_num, input_layout='BNSD', scale=1/sqrt(d), "
+                      "atten_mask=causal_bool_mask, sparse_mode=3)", level="L2",
+                  note="atten_mask True = masked out; causal: sparse_mode 2/3 with a 2048x2048 lower-triangular mask; "
+                       "output is [0]; D <= 768; skips masked blocks (work domain)"),
+                T(api="torch_npu.npu_scaled_masked_softmax(scores, mask, scale)", level="L2",
+                  note="softmax part only; H, W in [32, 4096], multiples of 32")],
+        "cpu": [T(api="torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)", level="L2")],
+        "cuda": [T(api="torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)", level="L2",
+                   note="flash / memory-efficient kernels")],
+    }),
+    "relu2": ("fusion", "L4", {
+        "npu": [T(api="torch.compile(mlp_activation, backend='npu')", level="L4", note="no fused ReLU² op"),
+                T(api="relu(x) * relu(x) via torch_npu custom kernel", level="L6")],
+        "cpu": [T(api="torch.compile(mlp_activation)", level="L4")],
+        "cuda": [T(api="torch.compile(mlp_activation)", level="L4")],
+    }),
+    "swiglu": ("fusion", "L2", {
+        "npu": [T(api="torch_npu.npu_swiglu(x, dim=-1)", level="L2", note="input is cat([a, b]); has backward")],
+        "cpu": [T(api="torch.compile(region)", level="L4")],
+        "cuda": [T(api="torch.compile(region)", level="L4")],
+    }),
+    "gelu": ("fusion", "L2", {
+        "npu": [T(api="torch_npu.npu_gelu(x, approximate='none'|'tanh')", level="L2"),
+                T(api="torch_npu.npu_geglu(x, dim=-1, approximate=1)", level="L2", note="when gelu(a) * b")],
+        "cpu": [T(api="torch.nn.functional.gelu(x, approximate='tanh')", level="L2")],
+        "cuda": [T(api="torch.nn.functional.gelu(x, approximate='tanh')", level="L2")],
+    }),
+    "softcap_cross_entropy": ("fusion", "L4", {
+        "npu": [T(api="torch.compile(softcap + loss, backend='npu')", level="L4"),
+                T(api="torch_npu.npu_cross_entropy_loss(logits.float(), target)[0] after the softcap", level="L2",
+                  note="input [N, C]; returns 4 tensors, loss first"),
+                T(api="fused softcap + cross-entropy custom kernel (Triton-Ascend)", level="L6")],
+        "cpu": [T(api="torch.compile(softcap + cross_entropy)", level="L4")],
+        "cuda": [T(api="torch.compile(softcap + cross_entropy)", level="L4")],
+    }),
+    "cross_entropy": ("fusion", "L2", {
+        "npu": [T(api="torch_npu.npu_cross_entropy_loss(logits, target)[0]", level="L2")],
+        "cpu": [T(api="torch.nn.functional.cross_entropy", level="L2")],
+        "cuda": [T(api="torch.nn.functional.cross_entropy", level="L2")],
+    }),
+    "optimizer_update": ("fusion", "L2", {
+        "npu": [T(api="torch_npu.optim.NpuFusedAdamW / NpuFusedAdam / NpuFusedSGD", level="L2",
+                  note="zero_grad(set_to_none=True) raises; parameters must not be recreated"),
+                T(api="torch.compile(optimizer math, backend='npu')", level="L4",
+                  note="custom optimizers (Muon: Newton-Schulz)")],
+        "cpu": [T(api="torch.optim.AdamW(..., foreach=True) or fused=True", level="L0"),
+                T(api="torch.compile(optimizer.step)", level="L4")],
+        "cuda": [T(api="torch.optim.AdamW(..., fused=True)", level="L0"),
+                 T(api="torch.compile(optimizer.step)", level="L4")],
+    }),
+    "pointwise_chain": ("fusion", "L4", {
+        "npu": [T(api="torch.compile(region, backend='npu')", level="L4")],
+        "cpu": [T(api="torch.compile(region)", level="L4")],
+        "cuda": [T(api="torch.compile(region)", level="L4")],
+    }),
+}
+
+_TORCH_OPTIMIZERS = {"AdamW", "Adam", "SGD", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD",
+                     "LBFGS", "Rprop", "SparseAdam", "Adafactor"}
+_CUSTOM_OPTIMIZER_TARGETS = {
+    "npu": [T(api="torch.compile(optimizer math, backend='npu')", level="L4",
+              note="the public ports compiled the Newton-Schulz / update math selectively"),
+            T(api="batch the per-parameter loop over stacked same-shape parameters", level="L3")],
+    "cpu": [T(api="torch.compile(optimizer.step)", level="L4"),
+            T(api="batch the per-parameter loop over stacked same-shape parameters", level="L3")],
+    "cuda": [T(api="torch.compile(optimizer.step)", level="L4")],
+}
+
+_TITLE = {
+    "rms_norm": "RMSNorm written out as ATen ops: one fused norm kernel on the GPU",
+    "add_rms_norm": "residual add + RMSNorm fused in one GPU kernel",
+    "layer_norm": "LayerNorm fused in one GPU kernel",
+    "rotary": "rotary embedding (slice / neg / cat / mul / add) fused in one GPU kernel",
+    "attention": "attention scores + mask + softmax fused (or a library attention call)",
+    "relu2": "ReLU² MLP activation fused in one GPU kernel",
+    "swiglu": "SiLU gating fused in one GPU kernel",
+    "gelu": "GELU fused in one GPU kernel",
+    "softcap_cross_entropy": "tanh softcap + cross-entropy fused on the GPU",
+    "cross_entropy": "log-softmax + NLL fused on the GPU",
+    "optimizer_update": "optimizer update: per-parameter loop fused by the compiler",
+    "pointwise_chain": "chain of elementwise ops fused in one GPU kernel",
+}
+
+_LIB_OPS = {"mm", "bmm", "addmm", "baddbmm", "convolution", "convolution_backward", "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu",
+            "_scaled_dot_product_flash_attention_for_cpu_backward", "matmul"}
+
+
+def grade_of(conf: float) -> str:
+    return "A" if conf >= 0.8 else "B" if conf >= 0.5 else "C"
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9]+", "_", s).strip("_").lower()
+
+
+class _Ctx:
+    def __init__(self, kernels: list[KernelRecord], eager: EagerOps | None, source_root: str | None):
+        self.kernels = {k.id: k for k in kernels}
+        self.eager = eager
+        self.root = source_root
+        self.ids: Counter[str] = Counter()
+
+    def new_id(self, base: str) -> str:
+        self.ids[base] += 1
+        return base if self.ids[base] == 1 else f"{base}#{self.ids[base]}"
+
+    def eager_at(self, lines: set[str]) -> tuple[int, list[str]]:
+        """Non-library eager ops per step on these lines, and the ops (profiler style)."""
+        if self.eager is None:
+            return 0, []
+        total = 0
+        ops: Counter[str] = Counter()
+        for key in lines:
+            for op, n in (self.eager.by_line_ops.get(key) or {}).items():
+                if short_op(op) in _LIB_OPS:
+                    continue
+                total += n
+                ops[op] += n
+        return total, [f"aten::{short_op(o)}" for o, _ in ops.most_common(12)]
+
+
+STRONG_OPS: dict[str, set[str]] = {
+    "rms_norm": {"rsqrt"}, "add_rms_norm": {"add2"},
+    "layer_norm": {"native_layer_norm", "var_mean", "var", "rsqrt", "sqrt"},
+    "rotary": {"cat", "neg", "slice", "split", "sub", "view_as_complex"},
+    "attention": {"_softmax", "softmax", "prepare_softmax_online", "masked_fill", "amax", "where", "exp",
+                  "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                  "_scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_attention"},
+    "relu2": {"relu"}, "swiglu": {"silu", "sigmoid", "exp", "neg", "split", "chunk"}, "gelu": {"gelu", "erf", "tanh"},
+    "softcap_cross_entropy": {"tanh", "_log_softmax", "nll_loss_forward", "prepare_softmax_online", "gather", "log"},
+    "cross_entropy": {"_log_softmax", "nll_loss_forward", "prepare_softmax_online", "gather", "log"},
+}
+
+
+def _pattern_locs(k: KernelRecord, pattern: str, weak: set[str],
+                  lo: dict[str, set[str]]) -> tuple[tuple[str, str] | None, list[SourceLoc]]:
+    """The function that holds the pattern's own ops in kernel `k`, and its lines there."""
+    if pattern in ("optimizer_update", "pointwise_chain") or k.kind == "attention":
+        fn = Counter((l.file, l.function) for l in k.sources).most_common(1)
+        return (fn[0][0] if fn else None), list(k.sources)
+    strong = STRONG_OPS.get(pattern, weak)
+    strong_locs = [l for l in k.sources if lo.get(l.key, set()) & strong]
+    if not strong_locs:
+        return None, []
+    fn = Counter((l.file, l.function) for l in strong_locs).most_common(1)[0][0]
+    strong_lines = {l.line for l in strong_locs if (l.file, l.function) == fn}
+    locs = [l for l in k.sources if (l.file, l.function) == fn and (
+        l.line in strong_lines or (lo.get(l.key, set()) & weak and min(abs(l.line - x) for x in strong_lines) <= 2))]
+    return fn, locs
+
+
+def compiler_intents(supernodes: list[Supernode], ctx: _Ctx, line_ops: dict[str, dict[str, set[str]]]) -> list[Intent]:
+    """One intent per (pattern, function holding the pattern's ops): the place to change."""
+    sn_of = {kid: sn for sn in supernodes for kid in sn.kernel_ids}
+    groups: dict[tuple, dict] = {}
+    for k in ctx.kernels.values():
+        if k.phase == "backward":
+            continue
+        sn = sn_of.get(k.id)
+        text = " ".join(l.code for l in k.sources)
+        lo_k = line_ops.get(k.id, {})
+        adds = sum(1 for v in lo_k.values() if "add2" in v)
+        for m in recognize(k.aten_ops, text, k.phase, k.kind, adds):
+            if m.pattern not in CATALOGUE or m.pattern not in k.patterns:
+                continue
+            fn, locs = _pattern_locs(k, m.pattern, m.signature_ops, line_ops.get(k.id, {}))
+            if m.pattern == "optimizer_update":
+                key = (m.pattern, k.region)
+            elif fn is None and not k.sources:
+                key = (m.pattern, "<no source lines>")  # imported output code without graph files
+            elif fn is None:
+                continue
+            else:
+                key = (m.pattern, fn)
+            g = groups.setdefault(key, {"kernels": [], "locs": {}, "strength": 0.0, "notes": [], "sns": Counter()})
+            g["kernels"].append(k)
+            for l in locs:
+                g["locs"].setdefault(l.key, l)
+            g["strength"] = max(g["strength"], m.strength)
+            g["notes"] += [n for n in m.notes if n not in g["notes"]]
+            if sn is not None:
+                g["sns"][sn.id] += 1
+    out: list[Intent] = []
+    for (pattern, where), g in groups.items():
+        gap, level, targets = CATALOGUE[pattern]
+        pk: list[KernelRecord] = g["kernels"]
+        if pattern == "optimizer_update" and str(where).split(":", 1)[-1] not in _TORCH_OPTIMIZERS:
+            targets = _CUSTOM_OPTIMIZER_TARGETS
+        locs: list[SourceLoc] = sorted(g["locs"].values(), key=lambda l: (l.file, l.line))
+        keys = {l.key for l in locs}
+        bk = [k for k in ctx.kernels.values() if k.phase == "backward" and k.patterns and k.patterns[0] == pattern
+              and keys & {l.key for l in k.sources}]
+        notes = list(g["notes"])
+        conf = g["strength"] or 0.5
+        fused = any(not k.is_library for k in pk)
+        if fused and len({short_op(o) for k in pk for o in k.aten_ops}) >= 3:
+            conf = min(0.95, conf + 0.05)
+        if where == "<no source lines>":
+            conf = min(conf, 0.6)
+            notes.append("kernel header evidence only: no source lines (import fx_graph_readable.py for them)")
+        elif not any(l.code for l in locs) and pattern != "optimizer_update":
+            conf = min(conf, 0.7)
+            notes.append("no source text for these nodes")
+        if bk:
+            notes.append(f"{len(bk)} backward kernel launch site(s) fused for the same lines")
+        sites = sorted({f"{l.file}:{l.line}" for k in pk for l in k.call_sites if l.key not in keys})
+        if sites and pattern != "optimizer_update":
+            notes.append("called from " + ", ".join(sites[:6]) + (f" (+{len(sites) - 6})" if len(sites) > 6 else ""))
+        eager_n, eager_ops = ctx.eager_at(keys)
+        if pattern == "optimizer_update" and ctx.eager is not None:
+            eager_n = ctx.eager.by_phase.get(where, eager_n)
+        generated = sum(k.launches_per_step for k in pk + bk if not k.is_library)
+        removed = max(0, eager_n - generated)
+        spans = spans_from_locs(locs) if locs else []
+        sn_id = g["sns"].most_common(1)[0][0] if g["sns"] else None
+        sn = next((s for s in supernodes if s.id == sn_id), None)
+        if pattern == "optimizer_update":
+            ident = ctx.new_id(f"optimizer_update@{_slug(str(where).split(':', 1)[-1])}")
+            if not spans:
+                notes.append("optimizer code is library code: no program lines to point at")
+        else:
+            s0 = spans[0] if spans else None
+            ident = ctx.new_id(f"{pattern}@{s0.file}:{s0.start_line}" if s0 else f"{pattern}@kernel:{pk[0].name[:48]}")
+        if pattern == "attention" and any(k.kind == "attention" for k in pk):
+            notes.append("the program already calls a fused attention op: map it to the target's fused attention")
+        if pattern == "pointwise_chain":
+            conf = min(conf, 0.4)
+        out.append(Intent(
+            id=ident, summary=f"{_TITLE.get(pattern, pattern)}" + (f" ({sn.label})" if sn else ""),
+            pattern=pattern, gap_class=gap, level=level, kind="compiler", supernode=sn_id,  # type: ignore[arg-type]
+            eager_ops_removed=removed,
+            eager_ops=eager_ops or [f"aten::{o}" for o in sorted(STRONG_OPS.get(pattern, set()))][:8],
+            spans=spans,
+            evidence=IntentEvidence(
+                kernels=sorted({k.name for k in pk + bk}), kernel_ids=[k.id for k in pk + bk],
+                aten_ops=[k.aten_ops for k in pk[:6]],
+                source_text=list(dict.fromkeys(l.code for l in locs if l.code))[:8], notes=notes),
+            confidence=round(conf, 2), grade=grade_of(conf), targets=targets,  # type: ignore[arg-type]
+        ))
+    out.sort(key=lambda i: (-i.confidence, -i.eager_ops_removed, i.id))
+    return out
+
+
+# ------------------------------------------------------------------ porting ----
+def porting_intents(findings: list[ScanFinding], ctx: _Ctx, matmul_dtypes: list[MatmulDtype],
+                    graph_breaks: list[RawGraphBreak], device: str) -> list[Intent]:
+    out: list[Intent] = []
+    low_precision = {"bfloat16", "float16", "half"}
+    seen_mm = {d for m in matmul_dtypes if m.phase in ("forward", "backward") for d in m.input_dtypes}
+    for f in findings:
+        span = SourceSpan(file=f.file, start_line=f.line, end_line=f.end_line, function=f.function)
+        if f.kind == "autocast" and (f.detail.get("device_type") in ("cuda", None)):
+            dtype = f.detail.get("dtype") or "float16"
+            notes = [f"autocast(device_type={f.detail.get('device_type')!r}) is a no-op for CPU / NPU tensors after "
+                     "a naive device port"]
+            conf = (0.5 if f.conditional else 0.7) if f.in_step else 0.4
+            if f.conditional:
+                notes.append("inside a conditional branch of the loop (validation?)")
+            if f.in_step and not f.conditional and seen_mm and not (seen_mm & low_precision):
+                conf = 0.9
+                notes.append(f"captured matmuls ran in {sorted(seen_mm)}: the port lost the program's {dtype} matmuls")
+            out.append(Intent(
+                id=ctx.new_id(f"precision@{f.file}:{f.line}"),
+                summary=f"cuda autocast to {dtype} does nothing on the port: restore {dtype} matmuls",
+                pattern="precision", gap_class="precision", level="L0", kind="porting",
+                eager_ops_removed=0, eager_ops=["aten::mm", "aten::bmm", "aten::addmm"], spans=[span],
+                evidence=IntentEvidence(source_text=[f.code], notes=notes),
+                confidence=conf, grade=grade_of(conf),  # type: ignore[arg-type]
+                targets={
+                    "npu": [T(api=f"torch.autocast(device_type='npu', dtype=torch.{dtype})", level="L0")],
+                    "cpu": [T(api=f"torch.autocast(device_type='cpu', dtype=torch.{dtype})", level="L0",
+                              note="bf16 matmuls need avx512_bf16 / AMX to be faster")],
+                    "cuda": [T(api="keep torch.autocast(device_type='cuda')", level="L0", note="already right on cuda")],
+                }))
+        elif f.kind == "host_sync":
+            key = f"{f.file}:{f.line}"
+            observed = (ctx.eager.syncs.get(key, 0) if ctx.eager else 0)
+            conf = 0.9 if observed else (0.55 if not f.conditional else 0.35)
+            notes = [f"{f.detail.get('call')} in the training step" + (" (conditional)" if f.conditional else "")]
+            if observed:
+                notes.append(f"observed {observed} host sync(s) per step on this line")
+            out.append(Intent(
+                id=ctx.new_id(f"host_sync@{key}"),
+                summary=f"host-device sync {f.detail.get('call')} every step: defer or remove it",
+                pattern="host_sync", gap_class="sync", level="L1", kind="porting",
+                eager_ops_removed=observed, eager_ops=["aten::_local_scalar_dense", "aten::item"], spans=[span],
+                evidence=IntentEvidence(source_text=[f.code], notes=notes),
+                confidence=conf, grade=grade_of(conf),  # type: ignore[arg-type]
+                targets={t: [T(api="keep the value on the device; read it every N steps or after the loop", level="L1")]
+                         for t in ("npu", "cpu", "cuda")}))
+        elif f.kind == "torch_compile":
+            target = f.detail.get("target") or "region"
+            opts = {k: v for k, v in f.detail.items() if k not in ("target", "decorator")}
+            out.append(Intent(
+                id=ctx.new_id(f"compile_region@{f.file}:{f.line}"),
+                summary=f"the GPU program compiles {target}; the naive port runs it eagerly",
+                pattern="compile_region", gap_class="compiler_boundary", level="L4", kind="porting",
+                spans=[span],
+                evidence=IntentEvidence(source_text=[f.code], notes=[f"torch.compile options: {opts}"] if opts else []),
+                confidence=0.8, grade="A",
+                targets={"npu": [T(api=f"torch.compile({target}, backend='npu') (torchair)", level="L4",
+                                   note="compiling too broadly was slower or ran out of memory in the public ports")],
+                         "cpu": [T(api=f"torch.compile({target})", level="L4")],
+                         "cuda": [T(api=f"torch.compile({target})", level="L4")]}))
+    grouped: Counter[tuple] = Counter()
+    first: dict[tuple, RawGraphBreak] = {}
+    for b in graph_breaks:
+        if not b.user_code or b.file is None:
+            continue
+        key = (b.file, b.line, b.reason)
+        grouped[key] += 1
+        first.setdefault(key, b)
+    for key, n in grouped.items():
+        b = first[key]
+        out.append(Intent(
+            id=ctx.new_id(f"graph_break@{b.file}:{b.line}"),
+            summary=f"graph break in the program: {b.reason[:120]}",
+            pattern="compile_region", gap_class="compiler_boundary", level="L3", kind="compiler",
+            spans=[SourceSpan(file=b.file, start_line=b.line or 0, end_line=b.line or 0, function=b.function)],
+            evidence=IntentEvidence(source_text=[read_line(ctx.root, b.file, b.line or 0)],
+                                    notes=[f"{n} graph break(s) here"]),
+            confidence=0.75, grade="B",
+            targets={t: [T(api="rewrite the line so the compiler can trace it (no data-dependent Python)", level="L3")]
+                     for t in ("npu", "cpu", "cuda")}))
+    return out
