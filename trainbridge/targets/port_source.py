@@ -1,12 +1,31 @@
 """The naive port of a GPU program, as a source transformation a person can review.
 
-What the public NPU ports did by hand (method.md, "the naive port"): device strings and
-`torch.cuda.*` calls mapped to the target, NCCL -> gloo (cpu) / HCCL (npu), `torch.compile`
-removed, `pin_memory` dropped. Every change is a `PortChange` with its line; GPU-only
-features (FP8, FlexAttention, FlashAttention-3, Triton) are reported where they are, not
-rewritten. A GPU program's `torch.autocast(device_type="cuda")` is left as it is on cpu,
-exactly like a naive port: on CPU tensors it then does nothing, which is recorded as the
-`precision_lost` porting artifact that a recipe later repairs.
+What the public NPU ports did by hand (method.md, "the naive port"), done by libcst so each
+change is a `PortChange` with its line:
+
+* device strings: "cuda" / "cuda:0" / f"cuda:{rank}" / torch.device("cuda", i) -> the target
+  (cpu drops the index: one device per process);
+* `x.cuda(...)` -> `x.to("<target>", ...)`; `torch.cuda.X` -> `torch.npu.X` (npu) or the
+  `torch.cpu` equivalent (cpu: synchronize, current_device, set_device, device_count,
+  streams and events exist there); `torch.cuda.is_available()` -> `False` on cpu (the port
+  behaves the same on a machine that has a GPU); memory statistics -> `0` on cpu (no device
+  allocator: the harness reports peak RSS); cache/peak resets -> `None` (no-ops);
+* NCCL -> gloo (cpu) / HCCL (npu); `import torch_npu` after `import torch` (npu);
+* `pin_memory=True` and `.pin_memory()` dropped (the public ports dropped them);
+* every `torch.compile` removed: `m = torch.compile(m, ...)` -> `m = m`, `@torch.compile`
+  decorators deleted (not a semantic change: the naive port runs eager);
+* autocast. npu: `device_type="cuda"` -> `"npu"`, which is what `transfer_to_npu` does at run
+  time (it wraps `torch.autocast` and rewrites its `device_type` kwarg). cpu: left as it is,
+  exactly like the public ports: on CPU tensors a cuda autocast does nothing, so the port runs
+  fp32 where the GPU ran bf16. That is recorded as a `precision_lost` change (unchanged text)
+  for the `autocast_reapply` recipe to repair later;
+* GPU-only features are reported (kind `gpu_only_feature`, semantic_change True, nothing
+  rewritten) with file:line: FP8 (`torch._scaled_mm`, float8 dtypes), FlexAttention
+  (`flex_attention`, `create_block_mask`, `BlockMask`), FlashAttention-3 (`flash_attn_interface`,
+  `flash_attn_varlen_func`), Triton kernels (`import triton`, `@triton.jit`), SM-count and
+  device-property queries.
+
+Target cuda: the program is returned unchanged.
 """
 
 from __future__ import annotations
@@ -21,27 +40,42 @@ from pydantic import BaseModel, Field
 
 PortTarget = Literal["cpu", "cuda", "npu"]
 
-_CUDA_STR = re.compile(r"""^(?P<q>['"])cuda(:\d+)?(?P=q)$""")
-# torch.cuda functions and what they become on cpu (None: replaced by the literal 0)
+ChangeKind = Literal["device", "cuda_api", "memory_stat", "backend", "pin_memory", "compile_removed",
+                     "precision_lost", "precision", "import", "gpu_only_feature"]
+
+_CUDA_STR = re.compile(r"^cuda(:\d+)?$")
 _CPU_EQUIV = {"synchronize", "current_device", "set_device", "device_count", "current_stream", "stream",
-              "Stream", "Event"}
-_MEMORY_STATS = {"max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved"}
-_GPU_ONLY = {
-    "_scaled_mm": "FP8 matmul (torch._scaled_mm): no FP8 on this target; the ports used bf16 matmuls",
-    "float8_e4m3fn": "FP8 dtype", "float8_e5m2": "FP8 dtype",
-    "flex_attention": "FlexAttention: GPU-only; port to SDPA / npu_fusion_attention with an explicit mask",
+              "Stream", "Event", "StreamContext"}
+_MEMORY_STATS = {"max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved",
+                 "max_memory_cached", "memory_cached"}
+_NOOPS_ON_CPU = {"empty_cache", "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
+                 "reset_accumulated_memory_stats", "ipc_collect"}
+_AUTOCAST_FUNCS = {"autocast"}
+
+_GPU_ONLY_ATTRS = {
+    "_scaled_mm": "FP8 matmul (torch._scaled_mm): no FP8 GEMM on this target; the public ports used bf16 matmuls",
+    "multi_processor_count": "SM-count query: no streaming multiprocessors on this target",
+    "get_device_properties": "GPU device-property query",
+    "get_device_capability": "GPU compute-capability query",
+}
+_GPU_ONLY_NAMES = {
+    "flex_attention": "FlexAttention: GPU-only (Triton); port to SDPA / npu_fusion_attention with an explicit mask",
     "create_block_mask": "FlexAttention block mask",
+    "BlockMask": "FlexAttention block mask",
     "flash_attn_varlen_func": "FlashAttention-3 varlen: on Ascend npu_fusion_attention with TND layout",
-    "flash_attn_interface": "FlashAttention-3",
-    "multi_processor_count": "SM-count query",
+    "flash_attn_func": "FlashAttention kernel",
+}
+_GPU_ONLY_MODULES = {
+    "triton": "Triton kernels: replace with PyTorch on this target (Triton-Ascend is an L6 option on npu)",
+    "flash_attn_interface": "FlashAttention-3 (Hopper only)",
+    "flash_attn": "FlashAttention",
 }
 
 
 class PortChange(BaseModel):
     file: str
     line: int
-    kind: Literal["device", "cuda_api", "memory_stat", "backend", "pin_memory", "compile_removed",
-                  "precision_lost", "precision", "import", "gpu_only_feature"]
+    kind: ChangeKind
     before: str
     after: str
     semantic_change: bool = False
@@ -57,16 +91,48 @@ class PortResult(BaseModel):
     def gpu_only(self) -> list[PortChange]:
         return [c for c in self.changes if c.kind == "gpu_only_feature"]
 
+    def kinds(self) -> set[str]:
+        return {c.kind for c in self.changes}
+
 
 def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
+    return cst.Module(body=[]).code_for_node(node).strip()
 
 
-def _is_torch_cuda_call(node: cst.Call) -> str | None:
-    """'synchronize' for torch.cuda.synchronize(...), else None."""
-    f = node.func
-    if m.matches(f, m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("cuda")))):
-        return f.attr.value
+def _dotted(node) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr.value}" if head else None
+    return None
+
+
+def _string_value(node) -> str | None:
+    if isinstance(node, cst.SimpleString):
+        try:
+            v = node.evaluated_value
+            return v if isinstance(v, str) else None
+        except Exception:
+            return None
+    return None
+
+
+def _quote(node: cst.SimpleString) -> str:
+    prefix = re.match(r"^[a-zA-Z]*", node.value).group(0)
+    return node.value[len(prefix)]
+
+
+def _is_autocast(call: cst.Call) -> bool:
+    f = call.func
+    name = f.attr.value if isinstance(f, cst.Attribute) else f.value if isinstance(f, cst.Name) else None
+    return name in _AUTOCAST_FUNCS
+
+
+def _torch_cuda_member(func) -> str | None:
+    """'synchronize' for torch.cuda.synchronize; None otherwise."""
+    if m.matches(func, m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("cuda")))):
+        return func.attr.value
     return None
 
 
@@ -76,9 +142,10 @@ class _Porter(cst.CSTTransformer):
     def __init__(self, file: str, target: PortTarget):
         super().__init__()
         self.file, self.target, self.changes = file, target, []
-        self.dev = {"cpu": "cpu", "npu": "npu", "cuda": "cuda"}[target]
-        self._autocast_depth = 0
+        self._keep_strings: set[int] = set()  # ids of string nodes to leave (cpu autocast device_type)
+        self._seen: set[tuple[int, str, str]] = set()
 
+    # ------------------------------------------------------------------ record ----
     def _line(self, node) -> int:
         try:
             return self.get_metadata(PositionProvider, node).start.line
@@ -86,156 +153,228 @@ class _Porter(cst.CSTTransformer):
             return 0
 
     def _note(self, node, kind, before, after, note="", semantic=False):
+        key = (self._line(node), kind, "" if kind == "gpu_only_feature" else before)
+        if key in self._seen:
+            return
+        self._seen.add(key)
         self.changes.append(PortChange(file=self.file, line=self._line(node), kind=kind, before=before,
                                        after=after, note=note, semantic_change=semantic))
 
-    # autocast: keep its device_type string on cpu (record), map it on npu
-    def visit_Call(self, node: cst.Call) -> None:
-        if m.matches(node.func, m.Attribute(attr=m.Name("autocast")) | m.Name("autocast")):
-            self._autocast_depth += 1
-            for a in node.args:
-                if a.keyword and a.keyword.value == "device_type" and isinstance(a.value, cst.SimpleString) \
-                        and _CUDA_STR.match(a.value.value):
-                    if self.target == "cpu":
-                        self._note(node, "precision_lost", _code(node), _code(node),
-                                   "autocast(device_type='cuda') does nothing on CPU tensors: the port runs "
-                                   "fp32 where the GPU ran bf16 (left as the naive port leaves it)")
-                    elif self.target == "npu":
-                        self._note(node, "precision", _code(a.value), '"npu"',
-                                   "autocast device_type mapped to npu, as transfer_to_npu does")
+    def _gpu_only(self, node, what: str, note: str):
+        self._note(node, "gpu_only_feature", what, what, note, semantic=True)
 
+    # --------------------------------------------------------------- autocast ----
+    def visit_Call(self, node: cst.Call) -> None:
+        if not _is_autocast(node):
+            return
+        dev_arg = None
+        for i, a in enumerate(node.args):
+            if (a.keyword and a.keyword.value == "device_type") or (i == 0 and a.keyword is None):
+                dev_arg = a.value
+        implied_cuda = _dotted(node.func) in ("torch.cuda.amp.autocast",)
+        dev = _string_value(dev_arg) if dev_arg is not None else None
+        if not (implied_cuda or (dev is not None and _CUDA_STR.match(dev))):
+            return
+        if self.target == "cpu":
+            if dev_arg is not None:
+                self._keep_strings.add(id(dev_arg))
+            self._note(node, "precision_lost", _code(node), _code(node),
+                       "autocast for cuda does nothing on CPU tensors: the port runs fp32 where the GPU ran 16-bit "
+                       "math (left as the naive port leaves it; the autocast_reapply recipe repairs it)",
+                       semantic=True)
+        elif self.target == "npu" and dev_arg is not None:
+            self._note(node, "device", _code(dev_arg), '"npu"',
+                       "autocast device_type mapped to npu, as transfer_to_npu does at run time (16-bit math kept)")
+
+    # ------------------------------------------------------------------ calls ----
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        if m.matches(original.func, m.Attribute(attr=m.Name("autocast")) | m.Name("autocast")):
-            self._autocast_depth -= 1
-            if self.target == "cpu":
-                # undo any device-string rewrite inside autocast's device_type argument
-                args = [a.with_changes(value=o.value) if a.keyword and a.keyword.value == "device_type" else a
-                        for a, o in zip(updated.args, original.args)]
-                return updated.with_changes(args=args)
-        if self.target == "cuda":
-            return updated
-        name = _is_torch_cuda_call(original)
-        if name is not None:
-            if name in _MEMORY_STATS and self.target == "cpu":
+        if len(updated.args) < len(original.args) and updated.args:  # an argument was dropped: no dangling comma
+            updated = updated.with_changes(args=[*updated.args[:-1],
+                                                 updated.args[-1].with_changes(comma=original.args[-1].comma)])
+        func = original.func
+        member = _torch_cuda_member(func)
+        if member is not None and self.target == "cpu":
+            if member == "is_available":
+                self._note(original, "cuda_api", _code(original), "False",
+                           "cpu target: no accelerator, whatever the machine has")
+                return cst.Name("False")
+            if member in _MEMORY_STATS:
                 self._note(original, "memory_stat", _code(original), "0",
-                           "no device allocator on cpu: the harness reports peak RSS")
+                           "no device allocator on cpu; the harness reports peak RSS")
                 return cst.Integer("0")
-            if self.target == "npu" or name in _CPU_EQUIV:
-                ns = "npu" if self.target == "npu" else "cpu"
+            if member in _NOOPS_ON_CPU:
+                self._note(original, "cuda_api", _code(original), "None", "allocator cache/statistics reset: no-op on cpu")
+                return cst.Name("None")
+            if member in _CPU_EQUIV:
                 new = updated.with_changes(func=cst.Attribute(
-                    value=cst.Attribute(value=cst.Name("torch"), attr=cst.Name(ns)), attr=cst.Name(name)))
-                self._note(original, "cuda_api", _code(original), _code(new))
+                    value=cst.Attribute(value=cst.Name("torch"), attr=cst.Name("cpu")), attr=cst.Name(member)))
+                note = ""
+                if member in ("Event", "Stream") and updated.args:
+                    new = new.with_changes(args=[])
+                    note = "torch.cpu events/streams take no arguments (and cpu events have no elapsed_time)"
+                self._note(original, "cuda_api", _code(original), _code(new), note)
                 return new
-        # x.cuda() -> x.to(device)
-        if m.matches(original.func, m.Attribute(attr=m.Name("cuda"))) and not m.matches(
-                original.func, m.Attribute(value=m.Name("torch"))):
-            new = updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")),
-                                       args=[cst.Arg(cst.SimpleString(f'"{self.dev}"'))])
+        # x.cuda(...) -> x.to("<target>", ...)
+        if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and not m.matches(func.value, m.Name("torch")):
+            kept = [_code(a) for a in updated.args if a.keyword is not None and a.keyword.value != "device"]
+            dev = '"' + self.target + '"'
+            new = cst.parse_expression(f"{_code(updated.func.value)}.to({', '.join([dev, *kept])})")
             self._note(original, "device", _code(original), _code(new))
             return new
+        # x.pin_memory() -> x
+        if isinstance(func, cst.Attribute) and func.attr.value == "pin_memory" and not original.args:
+            self._note(original, "pin_memory", _code(original), _code(updated.func.value),
+                       "pinned host memory dropped (the public ports dropped it)")
+            return updated.func.value
+        # torch.device("cuda", i)
+        if m.matches(func, m.Attribute(value=m.Name("torch"), attr=m.Name("device"))) and len(original.args) == 2 and \
+                _string_value(original.args[0].value) == "cuda" and self.target == "cpu":
+            new = updated.with_changes(args=[cst.Arg(cst.SimpleString('"cpu"'))])
+            self._note(original, "device", _code(original), _code(new), "device index dropped: one device per process")
+            return new
         # torch.compile(model, ...) -> model
-        if m.matches(original.func, m.Attribute(value=m.Name("torch"), attr=m.Name("compile"))) and original.args:
+        if m.matches(func, m.Attribute(value=m.Name("torch"), attr=m.Name("compile"))) and updated.args \
+                and updated.args[0].keyword is None:
             self._note(original, "compile_removed", _code(original), _code(updated.args[0].value),
                        "the naive port runs eager (all torch.compile removed)")
             return updated.args[0].value
         return updated
 
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg):
+        if original.keyword and original.keyword.value == "pin_memory" and m.matches(original.value, m.Name("True")):
+            self._note(original, "pin_memory", "pin_memory=True", "(dropped)",
+                       "pinned host memory dropped (needs an accelerator on cpu; the public npu ports dropped it)")
+            return cst.RemoveFromParent()
+        return updated
+
+    # ---------------------------------------------------------------- strings ----
     def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString) -> cst.SimpleString:
-        if self.target != "cuda" and _CUDA_STR.match(original.value):
-            q = original.value[0]
-            new = cst.SimpleString(f"{q}{self.dev}{q}")
-            if not (self._autocast_depth and self.target == "cpu"):
-                self._note(original, "device", original.value, new.value)
+        value = _string_value(original)
+        if value is None:
+            return updated
+        q = _quote(original)
+        if _CUDA_STR.match(value):
+            if id(original) in self._keep_strings:
+                return updated
+            idx = value.partition(":")[2]
+            new_value = "cpu" if self.target == "cpu" else ("npu" + (f":{idx}" if idx else ""))
+            new = cst.SimpleString(f"{q}{new_value}{q}")
+            self._note(original, "device", original.value, new.value,
+                       "device index dropped: one device per process" if self.target == "cpu" and idx else "")
             return new
-        if self.target != "cuda" and original.value[1:-1] == "nccl":
-            q = original.value[0]
+        if value == "nccl":
             backend = "gloo" if self.target == "cpu" else "hccl"
             self._note(original, "backend", original.value, f"{q}{backend}{q}")
             return cst.SimpleString(f"{q}{backend}{q}")
         return updated
 
     def leave_FormattedString(self, original, updated):
-        if self.target == "cuda":
-            return updated
         first = original.parts[0] if original.parts else None
-        if isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda:"):
+        if not (isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda:")):
+            return updated
+        if self.target == "cpu":
             q = original.end
-            new = cst.SimpleString(f"{q}{self.dev}{q}")
+            new = cst.SimpleString(f"{q}cpu{q}")
             self._note(original, "device", _code(original), new.value,
-                       "per-rank device index dropped: one device per process on this target")
+                       "per-rank device index dropped: one device per process on cpu")
             return new
-        return updated
+        new = updated.with_changes(parts=[first.with_changes(value="npu:" + first.value[len("cuda:"):]),
+                                          *updated.parts[1:]])
+        self._note(original, "device", _code(original), _code(new))
+        return new
 
-    def leave_Arg(self, original: cst.Arg, updated: cst.Arg):
-        if self.target in ("cpu", "npu") and original.keyword and original.keyword.value == "pin_memory" \
-                and m.matches(original.value, m.Name("True")):
-            self._note(original, "pin_memory", "pin_memory=True", "pin_memory=False",
-                       "no pinned-memory allocator on cpu" if self.target == "cpu"
-                       else "the public NPU ports removed pin_memory")
-            return updated.with_changes(value=cst.Name("False"))
-        return updated
-
-    def leave_Decorator(self, original: cst.Decorator, updated: cst.Decorator):
-        d = original.decorator
-        target = d.func if isinstance(d, cst.Call) else d
-        if self.target != "cuda" and m.matches(target, m.Attribute(value=m.Name("torch"), attr=m.Name("compile"))):
-            self._note(original, "compile_removed", _code(d), "(removed)", "the naive port runs eager")
-            return cst.RemoveFromParent()
-        return updated
-
+    # --------------------------------------------------------- torch.cuda (npu) ----
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
-        if original.attr.value in _GPU_ONLY:
-            self._note(original, "gpu_only_feature", _code(original), _code(original),
-                       _GPU_ONLY[original.attr.value], semantic=True)
+        name = original.attr.value
+        if name in _GPU_ONLY_ATTRS:
+            self._gpu_only(original, _code(original), _GPU_ONLY_ATTRS[name])
+        elif name == "elapsed_time" and self.target == "cpu":
+            self._gpu_only(original, _code(original), "device-event timing: cpu events have no elapsed_time "
+                                                      "(time the host with time.perf_counter instead)")
+        elif name.startswith("float8_"):
+            self._gpu_only(original, _code(original), "FP8 dtype: no FP8 on this target (the public ports used bf16)")
+        elif name in _GPU_ONLY_NAMES:
+            self._gpu_only(original, _code(original), _GPU_ONLY_NAMES[name])
+        if self.target == "npu" and m.matches(original, m.Attribute(value=m.Name("torch"), attr=m.Name("cuda"))):
+            return updated.with_changes(attr=cst.Name("npu"))
         return updated
 
     def leave_Name(self, original: cst.Name, updated: cst.Name):
-        if original.value in ("flex_attention", "create_block_mask", "flash_attn_varlen_func"):
-            self._note(original, "gpu_only_feature", original.value, original.value, _GPU_ONLY[original.value],
-                       semantic=True)
+        if original.value in _GPU_ONLY_NAMES:
+            self._gpu_only(original, original.value, _GPU_ONLY_NAMES[original.value])
         return updated
 
+    # -------------------------------------------------------------- decorators ----
+    def leave_Decorator(self, original: cst.Decorator, updated: cst.Decorator):
+        d = original.decorator
+        target = d.func if isinstance(d, cst.Call) else d
+        dn = _dotted(target) or ""
+        if dn == "torch.compile":
+            self._note(original, "compile_removed", "@" + _code(d), "(removed)", "the naive port runs eager")
+            return cst.RemoveFromParent()
+        if dn.startswith("triton."):
+            self._gpu_only(original, "@" + _code(d), _GPU_ONLY_MODULES["triton"])
+        return updated
+
+    # ---------------------------------------------------------------- imports ----
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
-            name = _code(alias.name)
-            if name.split(".")[0] in ("triton", "flash_attn_interface"):
-                self._note(node, "gpu_only_feature", _code(node), _code(node),
-                           "Triton / FlashAttention kernels: replace with PyTorch on this target", semantic=True)
+            root = _code(alias.name).split(".")[0]
+            if root in _GPU_ONLY_MODULES:
+                self._gpu_only(node, _code(node), _GPU_ONLY_MODULES[root])
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         mod = _code(node.module) if node.module else ""
-        if mod.split(".")[0] in ("triton", "flash_attn_interface") or "flex_attention" in mod:
-            self._note(node, "gpu_only_feature", _code(node), _code(node),
-                       "GPU-only kernels imported: replace with PyTorch on this target", semantic=True)
+        root = mod.split(".")[0]
+        if root in _GPU_ONLY_MODULES:
+            self._gpu_only(node, _code(node), _GPU_ONLY_MODULES[root])
+        elif "flex_attention" in mod:
+            self._gpu_only(node, _code(node), _GPU_ONLY_NAMES["flex_attention"])
+        return False  # the imported names are reported once, at the import statement
+
+    def visit_ImportAlias(self, node):
+        return False
 
 
 class _AddTorchNpuImport(cst.CSTTransformer):
-    """`import torch_npu` right after the first `import torch` (the npu backend registers then)."""
+    """`import torch_npu` right after the first top-level torch import (registers the npu device)."""
 
     def __init__(self):
+        super().__init__()
         self.done = False
 
     def leave_Module(self, original, updated):
         body = list(updated.body)
-        for i, stmt in enumerate(body):
-            if m.matches(stmt, m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("torch"))])])):
-                body.insert(i + 1, cst.parse_statement("import torch_npu  # noqa: F401  (registers the npu device)"))
+        for i, s in enumerate(body):
+            if m.matches(s, m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("torch"))])])):
+                body.insert(i + 1, cst.parse_statement("import torch_npu  # noqa: F401  (registers the npu device)\n"))
                 self.done = True
                 break
+        else:
+            for i, s in enumerate(body):
+                if m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and "torch" in _code(s):
+                    body.insert(i, cst.parse_statement("import torch_npu  # noqa: F401  (registers the npu device)\n"))
+                    self.done = True
+                    break
         return updated.with_changes(body=body)
 
 
 def port_source(text: str, file: str, target: PortTarget) -> tuple[str, list[PortChange]]:
+    """Port one file's text; returns (new text, changes)."""
+    if target == "cuda":
+        return text, []
     module = cst.parse_module(text)
     wrapper = MetadataWrapper(module)
     porter = _Porter(file, target)
     new = wrapper.visit(porter)
     changes = porter.changes
-    if target == "npu" and "import torch_npu" not in text:
+    if target == "npu" and "torch" in text and not re.search(r"^\s*import torch_npu", text, re.M):
         adder = _AddTorchNpuImport()
         new = new.visit(adder)
         if adder.done:
-            changes.append(PortChange(file=file, line=1, kind="import", before="", after="import torch_npu"))
+            changes.append(PortChange(file=file, line=1, kind="import", before="", after="import torch_npu",
+                                      note="torch_npu registers the npu device and its operators"))
+    changes.sort(key=lambda c: c.line)
     return new.code, changes
 
 

@@ -80,7 +80,7 @@ def num(node) -> float | None:
 
 
 def strip_parens(node):
-    if node is not None and getattr(node, "lpar", None):
+    if node is not None and getattr(node, "lpar", None) and not isinstance(node, cst.Tuple):
         return node.with_changes(lpar=[], rpar=[])
     return node
 
@@ -326,8 +326,10 @@ class Scope:
     """
 
     def __init__(self, stmts: Sequence[cst.BaseStatement], parent: "Scope | None" = None,
-                 parent_at: int = 0, barrier: set[str] | None = None, params: Iterable[str] = ()):
+                 parent_at: int = 0, barrier: set[str] | None = None, params: Iterable[str] = (),
+                 loop: bool = False):
         self.stmts = list(stmts)
+        self.loop = loop
         self.parent, self.parent_at = parent, parent_at
         self.barrier = set(barrier or ())
         self.params = set(params)
@@ -412,10 +414,16 @@ class Scope:
     def same(self, a: Ref, b: Ref) -> bool:
         return self.canon(a) == self.canon(b)
 
-    def emit(self, ref: Ref, at: Ref) -> cst.BaseExpression:
-        """`ref`'s expression written so that it means the same at statement `at`."""
+    def emit(self, ref: Ref, at: Ref) -> cst.BaseExpression | None:
+        """`ref`'s expression written so that it means the same at statement `at`.
+
+        None when that would repeat, at `at`, a call with effects (a module call such as
+        `self.up(x)`) that another statement already evaluates: the caller must not match.
+        """
         if ref.scope is at.scope and ref.at == at.at:
             return ref.node
+        if _has_effects(ref.node):
+            return None
         here = Ref(ref.node, at.scope, at.at)
         if self.canon(here) == self.canon(ref):
             return ref.node
@@ -501,7 +509,7 @@ def iter_statements(fn: cst.FunctionDef, qualname: str, class_def: cst.ClassDef 
                     barrier |= {n for item in owner.items if item.asname for n in target_names(item.asname.name)}
                 if isinstance(owner, cst.For):
                     barrier |= set(target_names(owner.target))
-                yield from walk(Scope(body, parent=scope, parent_at=i, barrier=barrier), in_loop or is_loop)
+                yield from walk(Scope(body, parent=scope, parent_at=i, barrier=barrier, loop=is_loop), in_loop or is_loop)
 
     yield from walk(root, False)
 
@@ -577,12 +585,27 @@ def self_attribute_value(class_def: cst.ClassDef | None, attr: str) -> Ref | Non
 # ------------------------------------------------------------------ module ----
 
 class Positions:
-    """Line numbers of nodes of one parsed module (metadata computed once)."""
+    """Line numbers of nodes of one parsed module (metadata computed once).
+
+    Instances are cached per source text (`positions()`): libcst trees are immutable and every
+    edit builds a new tree, so one parse serves every recipe's find and apply on that text.
+    """
 
     def __init__(self, text: str):
         self.wrapper = MetadataWrapper(cst.parse_module(text), unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self._pos = self.wrapper.resolve(PositionProvider)
+        self._quals: dict[int, str] | None = None
+
+    def qualnames(self) -> dict[int, str]:
+        """line -> innermost function qualname covering it."""
+        if self._quals is None:
+            out: dict[int, str] = {}
+            for fi in sorted(iter_functions(self.module), key=lambda f: self.line(f.node)):
+                for ln in range(self.line(fi.node), self.end_line(fi.node) + 1):
+                    out[ln] = fi.qualname
+            self._quals = out
+        return self._quals
 
     def line(self, node) -> int:
         p = self._pos.get(node)
@@ -591,6 +614,19 @@ class Positions:
     def end_line(self, node) -> int:
         p = self._pos.get(node)
         return p.end.line if p else 0
+
+
+_POSITIONS: dict[str, Positions] = {}
+
+
+def positions(text: str) -> Positions:
+    """The cached parse of `text` (at most 32 texts kept)."""
+    got = _POSITIONS.get(text)
+    if got is None:
+        if len(_POSITIONS) >= 32:
+            _POSITIONS.pop(next(iter(_POSITIONS)))
+        got = _POSITIONS[text] = Positions(text)
+    return got
 
 
 def module_aliases(module: cst.Module) -> dict[str, str]:
@@ -740,26 +776,46 @@ class _Apply(cst.CSTTransformer):
         return out
 
 
-def dead_statements(function: cst.FunctionDef, candidates: Iterable[cst.BaseStatement], edits: Edits) -> list:
-    """Which of `candidates` (simple assignments a match used up) nothing reads any more.
+def dead_statements(function: cst.FunctionDef, candidates: Iterable[tuple], edits: Edits) -> list:
+    """Which candidate assignments (statement, scope, index) nothing reads any more.
 
-    A name still counts as read when it appears anywhere in the function outside the
-    statements being deleted and the nodes being replaced, or inside a replacement.
-    Iterates, since deleting one assignment can free the names it read.
+    Def-aware within the candidate's block: an assignment of `n` at index i is read by the
+    statements from i+1 up to and including the next assignment of `n` (which may read the
+    old value, as in `att = att.softmax(-1)`), outside deleted statements and replaced nodes
+    (a replacement's own names count). In a loop body every statement of the block counts
+    (the back edge), and for a nested block every later statement of the enclosing blocks
+    counts. Iterates, since deleting one assignment can free the ones it read.
     """
-    cands = [c for c in candidates if isinstance(c, cst.SimpleStatementLine) and len(c.body) == 1
-             and isinstance(c.body[0], cst.Assign) and not _has_effects(c.body[0].value)]
+    cands = []
+    for c, scope, i in candidates:
+        if isinstance(c, cst.SimpleStatementLine) and len(c.body) == 1 and isinstance(c.body[0], cst.Assign) \
+                and not _has_effects(c.body[0].value) and (c, scope, i) not in cands:
+            cands.append((c, scope, i))
     dead: list = []
     while True:
         changed = False
         gone = {id(x) for x in dead} | edits.delete
-        reads = Counter()
-        _count_reads(function.body, gone, edits, reads)
-        for c in cands:
+        for c, scope, i in cands:
             if c in dead:
                 continue
-            names = assigned_names(c)
-            if names and not any(reads[n] for n in names):
+            live = False
+            for n in assigned_names(c):
+                nxt = next((d.index for d in scope.defs.get(n, []) if d.index > i), len(scope.stmts) - 1)
+                region = list(scope.stmts[i + 1: nxt + 1])
+                if scope.loop:
+                    region += scope.stmts[: i]
+                p, at = scope.parent, scope.parent_at
+                while p is not None:
+                    region += p.stmts[at + 1:] if not p.loop else p.stmts
+                    p, at = p.parent, p.parent_at
+                reads = Counter()
+                for stmt_ in region:
+                    if stmt_ is not c:
+                        _count_reads(stmt_, gone, edits, reads)
+                if reads[n]:
+                    live = True
+                    break
+            if not live:
                 dead.append(c)
                 changed = True
         if not changed:

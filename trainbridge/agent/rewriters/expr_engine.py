@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .cstutil import (Edits, Positions, Ref, Scope, StatementSite, code, dead_statements, ensure_imports,
+from .cstutil import (positions, Edits, Positions, Ref, Scope, StatementSite, code, dead_statements, ensure_imports,
                       functional_alias, insert_after_imports, iter_functions, iter_statements, assigned_names, stmt)
 from .recipe_base import NotApplicable, Recipe, Site, shorten
 
@@ -73,7 +73,7 @@ class ExprRecipe(Recipe):
 
     # ------------------------------------------------------------------------
     def _matches(self, rel: str, text: str, target: str):
-        pos = Positions(text)
+        pos = positions(text)
         F = functional_alias(pos.module)
         out: list[tuple[Site, Match, StatementSite]] = []
         for fi in iter_functions(pos.module):
@@ -158,6 +158,6 @@ def _statements_by_key(ss: StatementSite) -> dict:
     scope = ss.scope
     while scope is not None:
         for i, s in enumerate(scope.stmts):
-            out[(id(scope), i)] = s
+            out[(id(scope), i)] = (s, scope, i)
         scope = scope.parent
     return out

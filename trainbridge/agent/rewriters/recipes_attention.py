@@ -29,7 +29,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (Ref, call_name, code, dim_is_last, dotted, expr, is_module_call, kwarg, method_receiver, num,
+from .cstutil import (positions, Ref, call_name, code, dim_is_last, dotted, expr, is_module_call, kwarg, method_receiver, num,
                       parens, positional, self_attribute_value, strip_parens, _has_effects, walk, iter_functions,
                       iter_statements, Positions)
 from .expr_engine import Env, ExprRecipe, Match
@@ -45,6 +45,15 @@ def _tb_npu_causal_mask(device):
         mask = _TB_NPU_CAUSAL_MASK[device] = torch.triu(
             torch.ones(2048, 2048, dtype=torch.bool, device=device), diagonal=1)
     return mask
+'''
+
+
+NPU_FULL_MASK_HELPER = '''
+def _tb_npu_atten_mask(mask, sq, skv):
+    """A bool mask (True = masked) broadcast to the [..., Sq, Skv] shape npu_fusion_attention accepts."""
+    while mask.dim() < 2:
+        mask = mask.unsqueeze(0)
+    return mask.expand(*mask.shape[:-2], sq, skv).contiguous()
 '''
 
 
@@ -306,7 +315,7 @@ class AttentionRecipe(ExprRecipe):
             if not rel.endswith(".py"):
                 continue
             try:
-                pos = Positions(text)
+                pos = positions(text)
             except Exception:
                 continue
             from .cstutil import functional_alias
@@ -344,6 +353,7 @@ class AttentionRecipe(ExprRecipe):
         n = strip_parens(r.node)
         mask_kind = None
         scored = None
+        explicit = None
         if isinstance(n, cst.Call) and call_name(n) == "masked_fill":
             recv = method_receiver(n, {"masked_fill"})
             pos = positional(n)
@@ -358,14 +368,20 @@ class AttentionRecipe(ExprRecipe):
                 return None
             if not _neg_inf(fill):
                 raise Miss(f"masked_fill with {code(fill)}: not -inf, so masked positions keep weight")
-            mask_kind = causal_bool_mask(r.with_node(mask), env, used)
+            try:
+                mask_kind = causal_bool_mask(r.with_node(mask), env, used)
+            except Miss:
+                explicit = ("bool", scope.emit(r.with_node(mask), here))
         elif isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Add):
             for a, b in ((n.left, n.right), (n.right, n.left)):
                 trial = set()
                 scored = _scores(r.with_node(a), trial)
                 if scored is not None:
                     used |= trial
-                    mask_kind = causal_additive_mask(r.with_node(b), env, used)
+                    try:
+                        mask_kind = causal_additive_mask(r.with_node(b), env, used)
+                    except Miss:
+                        explicit = ("additive", scope.emit(r.with_node(b), here))
                     break
             if scored is None:
                 return None
@@ -378,15 +394,21 @@ class AttentionRecipe(ExprRecipe):
         q_ref, k_ref, scale = scored[0], scored[1], scored[2]
         if len(scored) > 3:
             s_expr = scope.emit(scored[3], here)
+            if s_expr is None:
+                return None
             st = code(parens(s_expr))
             scale = st if not scale.startswith("1.0 / ") else f"1.0 / {st}"
         q, k = scope.emit(q_ref, here), scope.emit(k_ref, here)
         v = v_node
+        if q is None or k is None or (explicit is not None and explicit[1] is None):
+            return None
         for t in (q, k, v):
             if _has_effects(t) and not isinstance(strip_parens(t), (cst.Name, cst.Attribute)):
                 return None
         qs, ks, vs = code(q), code(k), code(v)
         notes = []
+        if explicit is not None:
+            return self._explicit(node, env, used, qs, ks, vs, scale, explicit, cast_in or cast_out)
         if cast_in or cast_out:
             notes.append("the eager softmax ran in fp32 between casts; the fused kernel accumulates in fp32 itself")
         if env.target == "npu":
@@ -402,6 +424,39 @@ class AttentionRecipe(ExprRecipe):
         return Match(node=node, new=parens(new) if getattr(node, "lpar", None) else new, used=used, imports=imports,
                      helpers=helpers, notes=notes,
                      detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": mask_kind or ""})
+
+    def _explicit(self, node, env, used, qs, ks, vs, scale, explicit, casts):
+        """A mask that is not provably causal, passed explicitly (same math, less work skipped).
+
+        masked_fill(M, -inf) with a bool M (True = masked): SDPA's bool attn_mask means True =
+        attend, so it gets ~M; npu_fusion_attention's atten_mask means True = masked, so it gets
+        M with sparse_mode=0. An additive mask goes to SDPA as a float attn_mask; npu takes no
+        additive mask here, so that case is left alone there.
+        """
+        kind, mask = explicit
+        ms = code(parens(mask))
+        notes = ["the mask is not provably causal: it is passed explicitly (no causal block skipping); rows with "
+                 "every position masked give NaN in both forms"]
+        if casts:
+            notes.append("the eager softmax ran in fp32 between casts; the fused kernel accumulates in fp32 itself")
+        if env.target == "npu":
+            if kind != "bool":
+                return None
+            full = f"_tb_npu_atten_mask({ms}, {qs}.size(-2), {ks}.size(-2))"
+            new = expr(f'torch_npu.npu_fusion_attention({qs}, {ks}, {vs}, {qs}.size(1), "BNSD", atten_mask={full}, '
+                       f"scale={scale}, sparse_mode=0)[0]")
+            notes.append("npu_fusion_attention takes a mask shaped [B|1, N|1, Sq, Skv] (no broadcasting of the "
+                         "query dim): the program's mask is expanded to it")
+            return Match(node=node, new=new, used=used, imports=["import torch_npu"], notes=notes,
+                         helpers=[("_tb_npu_atten_mask", NPU_FULL_MASK_HELPER)],
+                         detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": f"explicit {kind}: {ms}"})
+        attn = f"~{ms}" if kind == "bool" else ms
+        if kind == "bool" and isinstance(strip_parens(mask), cst.UnaryOperation) and \
+                isinstance(strip_parens(mask).operator, cst.BitInvert):
+            attn = code(parens(strip_parens(mask).expression))
+        new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, attn_mask={attn}, scale={scale})")
+        return Match(node=node, new=new, used=used, notes=notes,
+                     detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": f"explicit {kind}: {ms}"})
 
     def _rewrite_file(self, rel, text, target, sites):
         out = super()._rewrite_file(rel, text, target, sites)

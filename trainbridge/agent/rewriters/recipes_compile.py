@@ -29,7 +29,7 @@ import builtins
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (Positions, Ref, call_name, code, defines, dotted, ensure_imports, expr, is_module_call, kwarg,
+from .cstutil import (positions, Positions, Ref, call_name, code, defines, dotted, ensure_imports, expr, is_module_call, kwarg,
                       load_names, method_receiver, module_aliases, num, parens, positional, strip_parens, walk,
                       iter_functions, assigned_names, function_params, Edits)
 from .expr_engine import Env, ExprRecipe, Match
@@ -40,15 +40,38 @@ _IMPURE_CALLS = {"print", "print0", "open", "input", "item", "tolist", "backward
                  "time", "register_buffer", "register_parameter"}
 
 
+_TENSOR_METHODS = {"pow", "square", "mean", "sum", "rsqrt", "sqrt", "softmax", "log_softmax", "masked_fill", "transpose",
+                   "view", "reshape", "relu", "gelu", "silu", "tanh", "sigmoid", "exp", "log", "float", "bfloat16",
+                   "half", "type_as", "norm", "lerp", "lerp_", "add", "add_", "mul", "mul_", "div", "matmul", "bmm",
+                   "mm", "addmm", "baddbmm", "cat", "stack", "chunk", "split", "unbind", "roll", "flip", "permute",
+                   "contiguous", "clamp", "abs", "neg", "cos", "sin", "triu", "tril", "outer", "einsum", "where",
+                   "max", "min", "amax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "cross_entropy",
+                   "dropout", "linear", "embedding", "addcmul", "addcdiv", "sign", "reciprocal", "unsqueeze",
+                   "squeeze", "expand", "mT", "T"}
+
+
+# names of the supernode regions the evidence clusters into (method.md): always candidates
+_REGION_HINTS = ("newtonschulz", "zeropower", "rotary", "rope", "norm", "mlp", "swiglu", "gelu", "softcap",
+                 "attention", "attn", "polar")
+_RANDOM_CALLS = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "dropout",
+                 "bernoulli", "bernoulli_", "multinomial", "normal_", "uniform_", "Generator", "manual_seed"}
+
+
 def _tensor_work(fn: cst.FunctionDef) -> int:
+    """How many tensor operations a function body spells (matmuls, torch./F. ops, tensor methods)."""
     n = 0
     for node in walk(fn.body):
-        if isinstance(node, cst.BinaryOperation) and not isinstance(node.operator, (cst.BitOr, cst.BitAnd)):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
             n += 1
         elif isinstance(node, cst.Call):
             d = dotted(node.func) or ""
-            if d.startswith(("torch.", "F.")) or isinstance(node.func, cst.Attribute):
+            name = call_name(node) or ""
+            if d.startswith(("torch.optim", "torch.nn.", "nn.", "torch.device", "torch.distributed")):
+                continue
+            if d.startswith(("torch.", "F.")) or name in _TENSOR_METHODS:
                 n += 1
+            elif isinstance(node.func, cst.Attribute) and m.matches(node.func.value, m.Attribute(value=m.Name("self"))):
+                n += 1  # a submodule call inside an nn.Module method
     return n
 
 
@@ -73,12 +96,16 @@ def compile_ineligible(fi, module: cst.Module) -> str | None:
             return f"contains {type(node).__name__.lower()}"
         if isinstance(node, cst.Call) and call_name(node) in _IMPURE_CALLS:
             return f"calls {call_name(node)}()"
+        if isinstance(node, cst.Call) and call_name(node) in _RANDOM_CALLS:
+            return f"draws random numbers ({call_name(node)}): a compiled graph changes the random stream"
         if isinstance(node, cst.While):
             return "contains a while loop"
         if isinstance(node, cst.For):
             it = node.iter
             if not (isinstance(it, cst.Call) and call_name(it) == "range"):
                 return "loops over something other than range(n)"
+    if any(h in q.lower() for h in _REGION_HINTS):
+        return None
     if _tensor_work(fn) < 2:
         return "too little tensor work to be worth a graph"
     return None
@@ -91,7 +118,7 @@ class CompileRegionRecipe(Recipe):
         return "torch.compile(dynamic=False)"
 
     def _find_file(self, rel, text, target):
-        pos = Positions(text)
+        pos = positions(text)
         out = []
         for fi in iter_functions(pos.module):
             if compile_ineligible(fi, pos.module) is None:
@@ -127,7 +154,7 @@ class CompileRegionRecipe(Recipe):
         return "no such function"
 
     def _rewrite_file(self, rel, text, target, sites):
-        pos = Positions(text)
+        pos = positions(text)
         want = {s.qualname for s in sites}
         edits, done = Edits(), []
         for fi in iter_functions(pos.module):
@@ -226,40 +253,68 @@ class SoftcapCrossEntropyRecipe(ExprRecipe):
             if set(kws) - {"reduction", "ignore_index", "label_smoothing", "weight"}:
                 return None
             extra = "".join(f", {k}={v}" for k, v in kws.items())
-            new = expr(f"torch_npu.npu_cross_entropy_loss({code(pos[0])}, {code(pos[1])}{extra})[0]")
+            # the op's loss is shaped [1] for mean/sum (F.cross_entropy's is 0-d): keep the program's shape
+            tail = "" if kws.get("reduction", "'mean'").strip("'\"") == "none" else ".reshape(())"
+            new = expr(f"torch_npu.npu_cross_entropy_loss({code(pos[0])}, {code(pos[1])}{extra})[0]{tail}")
             return Match(node=node, new=new, used=set(), imports=["import torch_npu"],
                          notes=["npu_cross_entropy_loss: input [N, C], targets int64 [N]; returns (loss, log_prob, "
-                                "zloss, lse), the loss first; the tanh softcap stays eager (compile_region covers it)"],
+                                "zloss, lse), the loss first, shaped [1] (reshaped to the 0-d loss F.cross_entropy "
+                                "returned); the tanh softcap stays eager (compile_region covers it)"],
                          detail={"softcap": code(sc_ref.node), "form": "npu_cross_entropy_loss"})
         return self._compiled(node, env, here, used, logits_ref, cap_ref, sc_ref)
 
     def _compiled(self, node, env, here, used, logits_ref, cap_ref, sc_ref):
-        scope = env.scope
-        # the helper's body: the loss call with every name on the path to the softcap inlined,
-        # the softcap itself written over the helper's parameters
-        sc_node = strip_parens(sc_ref.node)
-        path = _path_inline(here, scope, sc_node, used)
-        if path is None:
+        """Move the softcap's statements and the loss into one compiled module-level function.
+
+        The chain is every assignment the match followed, from the softcap's statement to the
+        loss's statement, all in the loss's block; they move verbatim into the helper (which
+        returns the loss call), and the call site passes the names the chain read first.
+        """
+        scope = here.scope
+        if sc_ref.scope is not scope or any(k[0] != id(scope) for k in used):
             return None
-        body_expr = path
-        module_names = assigned_names(env.module)
-        free = [n for n in dict.fromkeys(load_names(body_expr)) if n not in ("logits", "cap") and n not in module_names
-                and n not in _BUILTINS]
-        # where the call site reads logits/cap/free names: they must mean at the loss statement what
-        # they meant where the chain read them, once the chain's assignments are deleted
-        deleted = {k for k in used}
-        for ref, names in ((logits_ref, load_names(logits_ref.node)), (cap_ref, load_names(cap_ref.node))):
-            if not _stable(names, ref, here, deleted):
+        chain_idx = sorted(i for _, i in used if sc_ref.at <= i < here.at)
+        if sc_ref.at not in chain_idx:
+            return None
+        chain = [scope.stmts[i] for i in chain_idx]
+        for s in chain:
+            if not (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)):
                 return None
+        written = set().union(*(assigned_names(s) for s in chain))
+        # nothing outside the chain may read what the chain writes (between it, or after the loss)
+        for i, s in enumerate(scope.stmts):
+            if i in chain_idx or i < sc_ref.at:
+                continue
+            reads = set(load_names(s))
+            if i == here.at:
+                reads = set(load_names(_without(s, node)))
+            if reads & written:
+                return None
+        body_src = [code(s) for s in chain] + [f"return {code(node)}"]
+        params, seen = [], set()
+        module_names = assigned_names(env.module)
+        for text in body_src:
+            piece = cst.parse_statement(text + "\n")
+            reads = load_names(piece)
+            for n in reads:
+                if n not in seen and n not in params and n not in module_names and n not in _BUILTINS:
+                    params.append(n)
+            seen |= assigned_names(piece)
+        # the names passed must mean at the loss statement what they meant where the chain read them
+        deleted = {(id(scope), i) for i in chain_idx}
+        if not _stable(params, Ref(sc_ref.node, scope, sc_ref.at), here, deleted):
+            return None
         name = "_tb_softcap_cross_entropy"
-        params = ", ".join(["logits", "cap", *free])
-        helper = (f"\n\n@torch.compile(dynamic=False)\ndef {name}({params}):\n"
-                  f'    """Softcap + cross-entropy as one compiled region (trainbridge softcap_ce_fused)."""\n'
-                  f"    return {code(body_expr)}\n")
-        args = ", ".join([code(logits_ref.node), code(cap_ref.node), *free])
-        return Match(node=node, new=expr(f"{name}({args})"), used=used, helpers=[(name, helper)],
-                     notes=["softcap and loss compiled together (Inductor); the first call per shape compiles"],
-                     detail={"softcap": code(sc_node), "form": "compiled helper", "free": ", ".join(free)})
+        body = "\n".join("    " + line for t in body_src for line in t.splitlines())
+        helper = (f"\n\n@torch.compile(dynamic=False)\ndef {name}({', '.join(params)}):\n"
+                  f'    """Logit softcap + cross-entropy as one compiled region (trainbridge softcap_ce_fused)."""\n'
+                  f"{body}\n")
+        return Match(node=node, new=expr(f"{name}({', '.join(params)})"), used=set(), helpers=[(name, helper)],
+                     stmt_edits=[(s, None) for s in chain],
+                     notes=["softcap and loss compiled together (Inductor): tanh, div, mul, the fp32 cast, "
+                            "log-softmax and NLL fuse; the first call per shape compiles"],
+                     detail={"softcap": code(strip_parens(sc_ref.node)), "form": "compiled helper",
+                             "params": ", ".join(params)})
 
     def _rewrite_file(self, rel, text, target, sites):
         out = super()._rewrite_file(rel, text, target, sites)
@@ -270,7 +325,8 @@ class SoftcapCrossEntropyRecipe(ExprRecipe):
         mod = cst.parse_module(new_text)
         for fi in iter_functions(mod):
             if fi.qualname in {s.qualname for s in done}:
-                if any(isinstance(n, cst.Call) and call_name(n) == "tanh" for n in walk(fi.node.body)):
+                if fi.qualname != "_tb_softcap_cross_entropy" and any(
+                        isinstance(n, cst.Call) and call_name(n) == "tanh" for n in walk(fi.node.body)):
                     return NotApplicable(reason="softcap_ce_fused: the softcapped logits are also used outside the "
                                                 "loss; compiling the loss alone would compute the softcap twice")
         return out
@@ -283,51 +339,10 @@ class SoftcapCrossEntropyRecipe(ExprRecipe):
 _BUILTINS = set(dir(builtins))
 
 
-def _path_inline(ref: Ref, scope, sc_node, used: set):
-    """The expression at ref with names leading to the softcap inlined; the softcap as
-    `cap * torch.tanh(logits / cap)`. None if the softcap is not reached."""
-    reached = []
-
-    def rec(r: Ref, depth=0):
-        if depth > 10:
-            return r.node
-        node = r.node
-        if strip_parens(node) is sc_node or node is sc_node:
-            reached.append(True)
-            return expr("(cap * torch.tanh(logits / cap))")
-        targets = {}
-        for n in _names(node):
-            hit = r.scope.lookup(n.value, r.at)
-            if hit is None or hit[0].value is None:
-                continue
-            d, sc = hit
-            if (id(sc), d.index) not in used:
-                continue
-            targets[id(n)] = parens(rec(Ref(d.value, sc, d.index), depth + 1))
-        # the softcap may also be nested directly in this expression
-        inner = _find_identity(node, sc_node)
-        if inner is not None:
-            reached.append(True)
-            targets[id(inner)] = expr("(cap * torch.tanh(logits / cap))")
-        if not targets:
-            return node
-        from .cstutil import _ReplaceIds
-        return node.visit(_ReplaceIds(targets))
-
-    out = rec(ref)
-    return out if reached else None
-
-
-def _names(node):
-    from .cstutil import load_name_nodes
-    return load_name_nodes(node)
-
-
-def _find_identity(node, target):
-    for n in walk(node):
-        if n is target and n is not node:
-            return n
-    return None
+def _without(stmt_node, call):
+    """The statement with `call` replaced by a placeholder (to see what else it reads)."""
+    from .cstutil import _ReplaceIds
+    return stmt_node.visit(_ReplaceIds({id(call): cst.Name("_tb_placeholder")}))
 
 
 def _stable(names, ref: Ref, here: Ref, deleted: set) -> bool:

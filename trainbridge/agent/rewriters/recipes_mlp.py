@@ -75,11 +75,39 @@ class Relu2Recipe(ExprRecipe):
         if x_ref is None:
             return None
         x = env.scope.emit(x_ref, here)
+        stmt_edits = []
+        if x is None:
+            # relu(<a module call>) assigned to a name in an earlier statement: keep that statement
+            # (without the relu) and square-relu the name here, so the call runs once
+            hoist = self._hoist(base, x_ref, env, here, used)
+            if hoist is None:
+                return None
+            x, stmt_edits, used = hoist
         new = expr(f"_tb_relu_square({code(x)})")
-        return Match(node=node, new=new, used=used, helpers=[("_tb_relu_square", RELU2_HELPER)],
+        return Match(node=node, new=new, used=used, helpers=[("_tb_relu_square", RELU2_HELPER)], stmt_edits=stmt_edits,
                      notes=["custom autograd function: forward relu + mul, backward one fused 2*r*g; "
                             "double backward through it is not supported (training needs first order only)"],
                      detail={"x": code(x)})
+
+    def _hoist(self, base: Ref, x_ref: Ref, env: Env, here: Ref, used: set):
+        scope = env.scope
+        name = strip_parens(base.node)
+        if not isinstance(name, cst.Name):
+            return None
+        hit = scope.lookup(name.value, here.at)
+        if hit is None or hit[1] is not scope or hit[0].value is None:
+            return None
+        d = hit[0]
+        stmt_node = scope.stmts[d.index]
+        relu_call = d.value
+        # the relu's result may be read only by this square
+        from .cstutil import load_names
+        if not (d.index < here.at) or any(load_names(scope.stmts[i])[name.value] for i in range(d.index + 1, here.at)):
+            return None
+        nxt = [x.index for x in scope.defs.get(name.value, []) if x.index > d.index]
+        if not nxt or nxt[0] != here.at:  # the square must rebind the name, or later reads would see no relu
+            return None
+        return cst.Name(name.value), [(relu_call, x_ref.node)], set()
 
     def _no_site_reason(self, files, target):
         return "relu2_fused: no relu(x)^2 (square / pow(2) / ** 2 / r * r of a non-inplace relu) found"

@@ -237,6 +237,8 @@ class RmsNormRecipe(ExprRecipe):
         scope, here = env.scope, env.ref(node)
         x = scope.emit(x_ref, here)
         eps = scope.emit(eps_ref, here)
+        if x is None or eps is None or any(scope.emit(o, here) is None for o in others):
+            return None
         pre = []
         if not isinstance(strip_parens(x), (cst.Name, cst.Attribute)):
             if _has_effects(x):

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cstutil import Edits, Positions, code, dotted, ensure_imports, expr, kwarg, module_aliases, walk
+from .cstutil import positions, Edits, Positions, code, dotted, ensure_imports, expr, kwarg, module_aliases, walk
 from .recipe_base import NotApplicable, Recipe, Site, shorten
-from .recipes_runtime import _qualnames
 
 _FUSABLE = {"Adam", "AdamW", "SGD"}
 _NPU_ARGS = {
@@ -48,9 +47,9 @@ def _optimizer_class(node: cst.Call, aliases: dict[str, str]) -> str | None:
 
 class FusedOptimizerRecipe(Recipe):
     def _sites(self, rel, text, target):
-        pos = Positions(text)
+        pos = positions(text)
         aliases = module_aliases(pos.module)
-        quals = _qualnames(pos.module)
+        quals = pos.qualnames()
         out = []
         for node in walk(pos.module):
             if not isinstance(node, cst.Call):
@@ -80,7 +79,7 @@ class FusedOptimizerRecipe(Recipe):
         for rel in sorted(new):
             if not rel.endswith(".py") or "zero_grad" not in new[rel]:
                 continue
-            pos = Positions(new[rel])
+            pos = positions(new[rel])
             edits = Edits()
             for node in walk(pos.module):
                 if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "zero_grad":

@@ -221,6 +221,8 @@ class RotaryRecipe(ExprRecipe):
 
     def _emit_x(self, x_ref: Ref, env: Env, here: Ref):
         x = env.scope.emit(x_ref, here)
+        if x is None:
+            return None, []
         if isinstance(strip_parens(x), (cst.Name, cst.Attribute)):
             return x, []
         if _has_effects(x):
@@ -244,6 +246,8 @@ class RotaryRecipe(ExprRecipe):
         if x is None:
             return None
         e = lambda r: env.scope.emit(r, here)  # noqa: E731
+        if any(e(c) is None for c in (a1, b1, a2, b2)):
+            return None
         xs = code(x)
         if env.target == "npu":
             r1 = f"torch.cat([{_signed_code(e(a1), sa1)}, {_signed_code(e(b2), sb2)}], dim=-1).to({xs}.dtype)"

@@ -27,7 +27,7 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (Edits, Positions, code, dotted, ensure_imports, expr, insert_after_imports, kwarg,
+from .cstutil import (positions, Edits, Positions, code, dotted, ensure_imports, expr, insert_after_imports, kwarg,
                       module_aliases, positional, stmt, walk, _is_docstring, _is_future)
 from .recipe_base import NotApplicable, Recipe, Site, shorten
 
@@ -52,7 +52,7 @@ def entry_files(files: dict[str, str]) -> list[str]:
         if not rel.endswith(".py"):
             continue
         try:
-            mod = cst.parse_module(files[rel])
+            mod = positions(files[rel]).module
         except Exception:
             continue
         if _is_entry(mod):
@@ -128,7 +128,7 @@ class _FileKnob(Recipe):
             text = files[rel]
             if self._already(text, target):
                 continue
-            mod = cst.parse_module(text)
+            mod = positions(text).module
             got = self._knob_lines(target, mod)
             if isinstance(got, NotApplicable):
                 continue
@@ -145,13 +145,13 @@ class _FileKnob(Recipe):
         why = self._already(files[entries[0]], target)
         if why:
             return f"{self.name}: {why}"
-        got = self._knob_lines(target, cst.parse_module(files[entries[0]]))
+        got = self._knob_lines(target, positions(files[entries[0]]).module)
         if isinstance(got, NotApplicable):
             return got.reason
         return f"{self.name}: nothing to change"
 
     def _rewrite_file(self, rel, text, target, sites):
-        mod = cst.parse_module(text)
+        mod = positions(text).module
         got = self._knob_lines(target, mod)
         if isinstance(got, NotApplicable):
             return got
@@ -261,10 +261,10 @@ def _autocast_call(node: cst.Call, aliases: dict[str, str]):
 
 class AutocastRecipe(Recipe):
     def _sites(self, rel, text, target):
-        pos = Positions(text)
+        pos = positions(text)
         aliases = module_aliases(pos.module)
         out = []
-        scope_of = _qualnames(pos.module)
+        scope_of = pos.qualnames()
         for node in walk(pos.module):
             if not isinstance(node, cst.Call):
                 continue
@@ -286,6 +286,8 @@ class AutocastRecipe(Recipe):
         return [s for s, _, _ in self._sites(rel, text, target)[1]]
 
     def _rewrite_file(self, rel, text, target, sites):
+        """Edit the device literal (and a float16 dtype on cpu) in place; rebuild only the
+        implicit-device spellings (torch.cuda.amp.autocast(...))."""
         pos, found = self._sites(rel, text, target)
         want = {(s.qualname, s.line) for s in sites}
         edits, done, notes = Edits(), [], []
@@ -293,17 +295,30 @@ class AutocastRecipe(Recipe):
             if (site.qualname, site.line) not in want:
                 continue
             dt = code(dtype) if dtype is not None else None
-            if dt is None:
-                # the implied GPU dtype: float16 for cuda autocast; cpu's own half type is bfloat16
-                dt = "torch.bfloat16" if target == "cpu" else "torch.float16"
-                notes.append(f"{site.file}:{site.line}: no dtype given: made explicit as {dt}")
-            if target == "cpu" and dt.endswith("float16") and not dt.endswith("bfloat16"):
+            to_bf16 = target == "cpu" and dt is not None and dt.endswith("float16") and not dt.endswith("bfloat16")
+            if to_bf16:
                 notes.append(f"{site.file}:{site.line}: float16 autocast on cpu becomes bfloat16 "
                              "(the CPU half type with fast kernels; same 16-bit math class, fp32 range)")
-                dt = "torch.bfloat16"
-            keep = [a for a in node.args if a.keyword is not None and a.keyword.value not in ("device_type", "dtype")]
-            args = ", ".join([f'device_type="{target}"', f"dtype={dt}"] + [code(a) for a in keep])
-            edits.sub(node, expr(f"torch.autocast({args})"))
+                edits.sub(dtype, expr("torch.bfloat16"))
+            dev = kwarg(node, "device_type")
+            if dev is None and positional(node) and isinstance(positional(node)[0], cst.SimpleString):
+                dev = positional(node)[0]
+            if isinstance(dev, cst.SimpleString) and not dotted(node.func).endswith("cuda.amp.autocast"):
+                q = dev.value[-1]
+                edits.sub(dev, cst.SimpleString(f"{q}{target}{q}"))
+                if dtype is None:
+                    implied = "torch.bfloat16" if target == "cpu" else "torch.float16"
+                    notes.append(f"{site.file}:{site.line}: no dtype given: the target's default applies "
+                                 f"(cpu: bfloat16; the GPU's default was float16)")
+            else:
+                if dt is None:
+                    dt = "torch.bfloat16" if target == "cpu" else "torch.float16"
+                    notes.append(f"{site.file}:{site.line}: no dtype given: made explicit as {dt}")
+                if to_bf16:
+                    dt = "torch.bfloat16"
+                keep = [a for a in node.args if a.keyword is not None and a.keyword.value not in ("device_type", "dtype")]
+                args = ", ".join([f'device_type="{target}"', f"dtype={dt}"] + [code(a) for a in keep])
+                edits.sub(node, expr(f"torch.autocast({args})"))
             done.append(site)
         notes.append("restores the GPU program's 16-bit autocast on the target: matmuls run in bf16 as on the GPU "
                      "(low-precision loss tolerance applies); on CPUs without AVX512-BF16/AMX bf16 GEMMs can be "
@@ -315,21 +330,3 @@ class AutocastRecipe(Recipe):
                 "used autocast is out of scope: adding low precision is not a port repair)")
 
 
-def _qualnames(module: cst.Module) -> dict[int, str]:
-    """line -> innermost function qualname (lines of each function's span)."""
-    pos = MetadataWrapper_positions(module)
-    out = {}
-    from .cstutil import iter_functions
-    for fi in sorted(iter_functions(module), key=lambda f: pos(f.node)[0]):
-        a, b = pos(fi.node)
-        for ln in range(a, b + 1):
-            out[ln] = fi.qualname
-    return out
-
-
-def MetadataWrapper_positions(module: cst.Module):
-    from libcst.metadata import MetadataWrapper, PositionProvider
-
-    w = MetadataWrapper(module, unsafe_skip_copy=True)
-    got = w.resolve(PositionProvider)
-    return lambda node: (got[node].start.line, got[node].end.line) if node in got else (0, 0)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (Edits, Positions, assigned_names, call_name, code, dotted, ensure_imports, insert_after_imports,
+from .cstutil import (positions, Edits, Positions, assigned_names, call_name, code, dotted, ensure_imports, insert_after_imports,
                       iter_functions, load_names, stmt, target_names, walk)
 from .recipe_base import NotApplicable, Recipe, Site, shorten
 
@@ -88,7 +88,7 @@ class _Plan:
 
 class HostSyncRecipe(Recipe):
     def _plans(self, rel, text):
-        pos = Positions(text)
+        pos = positions(text)
         plans, misses = [], []
         for fi in iter_functions(pos.module):
             for loop in _training_loops(fi.node):
@@ -156,9 +156,12 @@ class HostSyncRecipe(Recipe):
                 if p.read_stmt is not None:
                     edits.drop(p.read_stmt)
                 for k, u in enumerate(p.uses):
-                    inner = [p.read_stmt, u] if (k == 0 and p.read_stmt is not None) else [u]
+                    inner = [u.with_changes(leading_lines=[])]
+                    if k == 0 and p.read_stmt is not None:
+                        comments = [ln for ln in p.read_stmt.leading_lines if ln.comment is not None]
+                        inner.insert(0, p.read_stmt.with_changes(leading_lines=comments))
                     guarded = cst.If(test=cst.parse_expression(cond),
-                                     body=cst.IndentedBlock(body=[x.with_changes(leading_lines=[]) for x in inner]),
+                                     body=cst.IndentedBlock(body=inner),
                                      leading_lines=u.leading_lines)
                     edits.sub(u, guarded)
             done.append(site)

@@ -1,0 +1,162 @@
+"""sdpa_attention and relu2_fused: sites on nanogpt and other idioms, same math, clear refusals."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "programs"))
+import recipe_testkit as kit  # noqa: E402
+
+from trainbridge.agent.rewriters.recipes import RECIPES, NotApplicable, RewriteProposal  # noqa: E402
+
+IDIOMS = kit.read("idioms_gpt.py")
+NANO = kit.nanogpt_source()
+needs_nanogpt = pytest.mark.skipif(NANO is None, reason="workloads/nanogpt/train_gpt.py not present")
+
+
+def _apply(name, src, target, file="p.py"):
+    out = RECIPES[name].apply({file: src}, target)
+    assert isinstance(out, RewriteProposal), out
+    compile(out.files[file], file, "exec")
+    return out.files[file], out
+
+
+def _qkv(B=2, H=2, T=8, D=16, dtype=torch.float32):
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(B, H, T, D, generator=g, dtype=dtype).requires_grad_() for _ in range(3)]
+
+
+def _run(fn, *args):
+    y = fn(*args)
+    grads = torch.autograd.grad(kit.proj(y), [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad])
+    return [y, *grads]
+
+
+# ---------------------------------------------------------------- attention ----
+
+def test_attention_sites_and_mask_kinds_on_other_idioms():
+    new, out = _apply("sdpa_attention", IDIOMS, "cpu")
+    kinds = {s.qualname: s.detail["mask"] for s in out.sites}
+    assert kinds["Attn.forward"] == "tril(ones) == 0"  # registered tril buffer, sliced [:, :, :T, :T]
+    assert kinds["attn_additive"].startswith("triu(full(-inf)")
+    assert kinds["attn_padded"].startswith("explicit bool")  # not causal: passed as an explicit mask
+    assert "AttnDrop.forward" not in kinds  # dropout between softmax and @ v
+    assert "is_causal=True" in new and "attn_mask=~pad[:, None, None, :]" in new
+    assert new.count("softmax(") == 1 and "self.drop(s.softmax(-1))" in new  # only AttnDrop keeps one
+
+
+@pytest.mark.parametrize("fn", ["attn_additive", "attn_padded", "Attn"])
+def test_attention_rewrites_compute_the_same(fn):
+    new, _ = _apply("sdpa_attention", IDIOMS, "cpu")
+    a, b = kit.load(IDIOMS), kit.load(new)
+    q, k, v = _qkv()
+    if fn == "Attn":
+        torch.manual_seed(0); ma = a["Attn"]()
+        torch.manual_seed(0); mb = b["Attn"]()
+        x = torch.randn(2, 8, 32, requires_grad=True)
+        kit.assert_close_and_aligned(_run(ma, x), _run(mb, x))
+        return
+    args = (q, k, v) if fn == "attn_additive" else (q, k, v, torch.tensor([[False] * 6 + [True] * 2, [False] * 8]))
+    kit.assert_close_and_aligned(_run(a[fn], *args), _run(b[fn], *args))
+
+
+@pytest.mark.parametrize("npu", kit.NPU_KINDS)
+def test_attention_npu_variant_uses_the_compressed_causal_mask(npu):
+    new, out = _apply("sdpa_attention", IDIOMS, "npu")
+    assert 'sparse_mode=2' in new and "_tb_npu_causal_mask(q.device)" in new and "sparse_mode=0" in new
+    a = kit.load(IDIOMS)
+    q, k, v = _qkv()
+    pad = torch.tensor([[False] * 6 + [True] * 2, [False] * 8])
+    with kit.fake_npu(npu):
+        b = kit.load(new)
+        kit.assert_close_and_aligned(_run(a["attn_additive"], q, k, v), _run(b["attn_additive"], q, k, v))
+        kit.assert_close_and_aligned(_run(a["attn_padded"], q, k, v, pad), _run(b["attn_padded"], q, k, v, pad))
+        mask = b["_tb_npu_causal_mask"](q.device)
+        assert mask.shape == (2048, 2048) and mask.dtype == torch.bool and mask[0, 1] and not mask[1, 0]
+
+
+@needs_nanogpt
+@pytest.mark.parametrize("target", ["cpu", "npu"])
+def test_attention_on_nanogpt_whole_model(target):
+    new, out = _apply("sdpa_attention", NANO, target, "train_gpt.py")
+    assert len(out.sites) == 1 and out.sites[0].qualname == "CausalSelfAttention.forward"
+    if target == "cpu":
+        assert "is_causal=True" in new
+    la, ga = kit.nanogpt_loss_and_grads(NANO)
+    lb, gb = kit.nanogpt_loss_and_grads(new, npu="standin" if target == "npu" else None)
+    kit.assert_close_and_aligned([la, *ga], [lb, *gb], atol=2e-5, rtol=2e-4)
+
+
+def test_attention_not_applicable_reasons():
+    drop = ("import torch\ndef f(q, k, v, drop):\n    s = (q @ k.transpose(-2, -1)) * 0.5\n"
+            "    T = q.size(-2)\n    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))\n"
+            "    return drop(s.softmax(-1)) @ v\n")
+    out = RECIPES["sdpa_attention"].apply({"p.py": drop}, "cpu")
+    assert isinstance(out, NotApplicable) and "dropout" in out.reason
+    zero_fill = ("import torch\ndef f(q, k, v, m):\n    s = (q @ k.transpose(-2, -1)) * 0.5\n"
+                 "    s = s.masked_fill(m, 0.0)\n    return s.softmax(-1) @ v\n")
+    out = RECIPES["sdpa_attention"].apply({"p.py": zero_fill}, "cpu")
+    assert isinstance(out, NotApplicable) and "not -inf" in out.reason
+    kept = ("import torch\ndef f(q, k, v):\n    s = (q @ k.transpose(-2, -1)) * 0.5\n    T = q.size(-2)\n"
+            "    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))\n"
+            "    p = s.softmax(-1)\n    return p @ v, p\n")  # the weights are returned too
+    out = RECIPES["sdpa_attention"].apply({"p.py": kept}, "cpu")
+    assert isinstance(out, NotApplicable) and "also used elsewhere" in out.reason
+    out = RECIPES["sdpa_attention"].apply({"p.py": kit.read("plain_mlp.py")}, "cpu")
+    assert isinstance(out, NotApplicable) and "no hand-written" in out.reason
+
+
+# ------------------------------------------------------------------- relu^2 ----
+
+RELU2 = {
+    "method_square": "def f(x):\n    return F.relu(x).square()\n",
+    "pow": "def f(x):\n    return torch.relu(x).pow(2)\n",
+    "power_op": "def f(x):\n    return torch.relu(x) ** 2\n",
+    "torch_square": "def f(x):\n    return torch.square(F.relu(x))\n",
+    "split_mul": "def f(x):\n    r = x.relu()\n    return r * r\n",
+}
+
+
+@pytest.mark.parametrize("variant", RELU2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relu2_variants_are_bit_identical(variant, dtype):
+    src = "import torch\nimport torch.nn.functional as F\n" + RELU2[variant]
+    new, _ = _apply("relu2_fused", src, "cpu")
+    assert "_tb_relu_square(x)" in new
+    a, b = kit.load(src), kit.load(new)
+    x = torch.randn(64, 32, dtype=dtype)
+    x[0, :4] = 0.0  # relu's kink
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = a["f"](xa), b["f"](xb)
+    g = torch.randn_like(ya)
+    ya.backward(g); yb.backward(g)
+    assert torch.equal(ya, yb) and torch.equal(xa.grad, xb.grad)
+
+
+def test_relu2_split_over_statements_keeps_the_linear_once():
+    new, out = _apply("relu2_fused", IDIOMS, "cpu")
+    assert {s.qualname for s in out.sites} == {"FFN.forward", "squared_relu"}
+    assert "h = self.up(x)\n        h = _tb_relu_square(h)" in new  # self.up(x) is not evaluated twice
+    a, b = kit.load(IDIOMS), kit.load(new)
+    torch.manual_seed(0); ma = a["FFN"]()
+    torch.manual_seed(0); mb = b["FFN"]()
+    x = torch.randn(3, 32, requires_grad=True)
+    kit.assert_close_and_aligned(_run(ma, x), _run(mb, x))
+
+
+@needs_nanogpt
+def test_relu2_on_nanogpt_whole_model():
+    new, out = _apply("relu2_fused", NANO, "cpu", "train_gpt.py")
+    assert out.sites[0].qualname == "MLP.forward"
+    la, ga = kit.nanogpt_loss_and_grads(NANO)
+    lb, gb = kit.nanogpt_loss_and_grads(new)
+    kit.assert_close_and_aligned([la, *ga], [lb, *gb], atol=1e-6, rtol=1e-5)
+
+
+def test_relu2_not_applicable():
+    for src in ["import torch\ndef f(x):\n    return torch.relu(x, inplace=True) ** 2\n" .replace("torch.relu", "torch.nn.functional.relu"),
+                "import torch\ndef f(x):\n    return torch.relu(x) ** 3\n", kit.read("plain_mlp.py")]:
+        out = RECIPES["relu2_fused"].apply({"p.py": src}, "cpu")
+        assert isinstance(out, NotApplicable) and "relu(x)^2" in out.reason
