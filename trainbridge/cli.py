@@ -207,20 +207,26 @@ def run(
 @user_errors
 def ledger_cmd(
     words: list[str] = typer.Argument(..., metavar="[verify] RUN_DIR",
-                                      help="`ledger runs/<id>` shows the table; `ledger verify runs/<id>` re-measures"),
+                                      help="`ledger runs/<id>` shows the table; `ledger verify runs/<id>` re-measures final vs port; "
+                                           "`ledger measure runs/<id>` times a dry run's rewrites on the target"),
     pairs: int = typer.Option(3, help="interleaved port/final pairs (verify)"),
 ) -> None:
     """Review a run's accepted and rejected candidates, or re-verify its recorded speedup."""
     from .ledger.store import Ledger
     from .ledger.view import render_ledger
 
-    action, rest = (words[0], words[1:]) if words[0] in ("verify", "show") else ("show", words)
+    action, rest = (words[0], words[1:]) if words[0] in ("verify", "measure", "show") else ("show", words)
     if len(rest) != 1:
-        raise ValueError("usage: trainbridge ledger [verify] runs/<id>")
+        raise ValueError("usage: trainbridge ledger [verify|measure] runs/<id>")
     run_dir = Path(rest[0])
     path = run_dir / "ledger.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: not a run folder")
+    if action == "measure":
+        from .ledger.measure_dry import measure_dry_run
+
+        measure_dry_run(run_dir, pairs=pairs, console=console)
+        return
     if action == "verify":
         from .ledger.verify import verify_run
 

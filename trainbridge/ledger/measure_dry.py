@@ -1,0 +1,59 @@
+"""`trainbridge ledger measure runs/<id>`: time a dry run's validated rewrites on the real target.
+
+A dry run (`--target npu --dry-run`) validates npu rewrites against the CPU references and
+stops there: its candidates are `validated_not_measured`. On an Ascend machine this
+command measures each of them against the program it was built on (the same interleaved
+rule as the loop), appends the measurements and decisions to the same ledger, then
+measures the final program against the port. Nothing is inferred from the dry run itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from ..agent.evaluate import interleaved_timing
+from ..agent.state import RunConfig, RunPaths, read_program
+from ..measure.statistics import compare
+from ..targets import get_target
+from ..workload import load_workload
+from . import models as ev
+from .store import Ledger
+
+
+def measure_dry_run(run_dir: Path, *, pairs: int = 3, console: Console | None = None) -> list[ev.CandidateDecided]:
+    paths = RunPaths(run_dir)
+    cfg = RunConfig.model_validate_json(paths.config.read_text())
+    if not cfg.dry_run:
+        raise ValueError(f"{run_dir}: not a dry run; its candidates were measured already")
+    get_target(cfg.target).check_available()  # TargetUnavailable says what is missing
+    ledger = Ledger(paths.ledger)
+    events = list(ledger.events())
+    proposed = {e.candidate_id: e for e in events if isinstance(e, ev.CandidateProposed)}
+    done = {e.candidate_id for e in events if isinstance(e, ev.CandidateDecided) and e.decision != "validated_not_measured"}
+    pending = [e.candidate_id for e in events if isinstance(e, ev.CandidateDecided)
+               and e.decision == "validated_not_measured" and e.candidate_id not in done]
+    wl = load_workload(cfg.workload)
+    decisions = []
+    for cid in pending:
+        inc_id = proposed[cid].incumbent
+        inc_dir = paths.baseline_dir if inc_id == "port" else paths.candidate_dir(inc_id) / "program"
+        inc, cand, problems = interleaved_timing(
+            wl, cfg.target, incumbent=read_program(inc_dir), candidate=read_program(paths.candidate_dir(cid) / "program"),
+            pairs=pairs, out_dir=paths.candidate_dir(cid) / "measured", seed=cfg.seed)
+        if not inc or not cand:
+            d = ev.CandidateDecided(run_id=cfg.run_id, time_utc=ev.utc_now(), candidate_id=cid, decision="rejected",
+                                    reason="timing runs failed on the target: " + "; ".join(problems))
+        else:
+            comp = compare(inc, cand, min_effect=cfg.min_effect, confidence=cfg.confidence)
+            ledger.append(ev.CandidateMeasured(run_id=cfg.run_id, time_utc=ev.utc_now(), candidate_id=cid,
+                                               incumbent_runs_ms=inc, candidate_runs_ms=cand, comparison=comp,
+                                               note=f"measured after the dry run, against {inc_id}", problems=problems))
+            d = ev.CandidateDecided(run_id=cfg.run_id, time_utc=ev.utc_now(), candidate_id=cid,
+                                    decision="accepted" if comp.decision == "accept" else "rejected", reason=comp.reason)
+        ledger.append(d)
+        decisions.append(d)
+        if console:
+            console.print(f"{cid}: {d.decision} ({d.reason})")
+    return decisions
