@@ -165,11 +165,12 @@ def test_nanogpt_workload_attacks():
 
 
 def _recipe_outputs(files, target, protected):
+    (file, src), = files.items()
     for name, r in RECIPES.items():
         sites = r.find(files, target, protected=protected)
         specs = [s.qualname for s in sites] if r.per_site else [None]
         for spec in specs[:2]:
-            out = r.apply(files, target, spec, protected=protected)
+            out = kit.apply(name, src, target, spec, file=file, protected=protected)
             if not isinstance(out, NotApplicable):
                 yield name, out
 

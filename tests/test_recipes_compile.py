@@ -22,9 +22,8 @@ needs_nanogpt = pytest.mark.skipif(NANO is None, reason="workloads/nanogpt/train
 
 
 def _apply(name, src, target, site=None, file="p.py"):
-    out = RECIPES[name].apply({file: src}, target, site)
+    out = kit.apply(name, src, target, site, file=file)
     assert isinstance(out, RewriteProposal), out
-    compile(out.files[file], file, "exec")
     return out.files[file], out
 
 

@@ -17,9 +17,8 @@ needs_nanogpt = pytest.mark.skipif(NANO is None, reason="workloads/nanogpt/train
 
 
 def _apply(name, src, target, file="p.py"):
-    out = RECIPES[name].apply({file: src}, target)
+    out = kit.apply(name, src, target, file=file)
     assert isinstance(out, RewriteProposal), out
-    compile(out.files[file], file, "exec")
     return out.files[file], out
 
 

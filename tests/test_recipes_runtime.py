@@ -18,9 +18,8 @@ NANO = kit.nanogpt_source()
 
 
 def _apply(name, src, target, file="p.py"):
-    out = RECIPES[name].apply({file: src}, target)
+    out = kit.apply(name, src, target, file=file)
     assert isinstance(out, RewriteProposal), out
-    compile(out.files[file], file, "exec")
     return out.files[file], out
 
 

@@ -254,17 +254,40 @@ class _Facts:
     called_by: dict = field(default_factory=dict)  # scope -> set of called simple names
     loss_sigs: dict = field(default_factory=dict)  # scope -> Counter of loss signatures
     argv: int = 0
-    argv_line: int = 0
+    argv_line: object = 0
+    module: object = None
+    _lines: object = None
+
+    def line_of(self, x) -> int:
+        """A line number for a recorded node (positions computed on first use)."""
+        if isinstance(x, int) or x is None:
+            return x or 0
+        if self._lines is None:
+            self._lines = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+        p = self._lines.get(x)
+        return p.start.line if p else 0
     raises_exit: Counter = field(default_factory=Counter)
     forward_detach: Counter = field(default_factory=Counter)
 
 
+class _HasBackward(cst.CSTVisitor):
+    def __init__(self):
+        super().__init__()
+        self.found = False
+
+    def visit_Call(self, node):
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+            self.found = True
+        return not self.found
+
+
 class _Collector(cst.CSTVisitor):
-    METADATA_DEPENDENCIES = (PositionProvider,)
+    """One pass over a module. Lines are kept as nodes and resolved only for violations."""
 
     def __init__(self):
         super().__init__()
         self.f = _Facts()
+        self._backward: dict[int, bool] = {}
         self._scope: list[str] = []
         self._classes: list[str] = []
         self._fn_depth = 0
@@ -272,11 +295,16 @@ class _Collector(cst.CSTVisitor):
         self._loops_in_forward = 0
 
     # -- helpers ---------------------------------------------------------------
-    def _line(self, node) -> int:
-        try:
-            return self.get_metadata(PositionProvider, node).start.line
-        except KeyError:
-            return 0
+    def _line(self, node):
+        return node  # resolved lazily by _Facts.line_of
+
+    def _trains(self, body) -> bool:
+        key = id(body)
+        if key not in self._backward:
+            v = _HasBackward()
+            body.visit(v)
+            self._backward[key] = v.found
+        return self._backward[key]
 
     @property
     def scope(self) -> str:
@@ -355,25 +383,25 @@ class _Collector(cst.CSTVisitor):
             key = (self.scope, _norm(text))
             self.f.layer_loops[key] += 1
             self.f.layer_loop_lines.setdefault(key, self._line(node))
-        if ".backward(" in _code(node.body):
+        if self._trains(node.body):
             self._step_loops += 1
             self.f.step_loop_headers[(self.scope, _norm(text))] += 1
         if self._in_forward():
             self._loops_in_forward += 1
 
     def leave_For(self, node):
-        if ".backward(" in _code(node.body):
+        if self._trains(node.body):
             self._step_loops -= 1
         if self._in_forward():
             self._loops_in_forward -= 1
 
     def visit_While(self, node):
-        if ".backward(" in _code(node.body):
+        if self._trains(node.body):
             self._step_loops += 1
             self.f.step_loop_headers[(self.scope, _norm(_code(node.test)))] += 1
 
     def leave_While(self, node):
-        if ".backward(" in _code(node.body):
+        if self._trains(node.body):
             self._step_loops -= 1
 
     def visit_WithItem(self, node):
@@ -532,7 +560,9 @@ def _facts(text: str) -> _Facts:
     got = _FACTS.get(text)
     if got is None:
         c = _Collector()
-        MetadataWrapper(cst.parse_module(text), unsafe_skip_copy=True).visit(c)
+        module = cst.parse_module(text)
+        module.visit(c)
+        c.f.module = module
         if len(_FACTS) >= 32:
             _FACTS.pop(next(iter(_FACTS)))
         got = _FACTS[text] = c.f
@@ -592,7 +622,7 @@ def check_candidate(original: dict[str, str], candidate: dict[str, str], protect
             continue
         for rule in _FILE_RULES:
             for r, line, msg in rule(fb, fa, regions, target):
-                add(r, rel, line, msg)
+                add(r, rel, fa.line_of(line), msg)
     return GuardVerdict(passed=not any(x.severity == "error" for x in v), violations=v)
 
 

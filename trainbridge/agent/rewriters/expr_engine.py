@@ -73,6 +73,16 @@ class ExprRecipe(Recipe):
 
     # ------------------------------------------------------------------------
     def _matches(self, rel: str, text: str, target: str):
+        # find() and apply() both need the matches of the same text: computed once
+        key = (rel, text, target)
+        memo = self.__dict__.setdefault("_memo", {})
+        if key not in memo:
+            if len(memo) >= 16:
+                memo.pop(next(iter(memo)))
+            memo[key] = self._compute_matches(rel, text, target)
+        return memo[key]
+
+    def _compute_matches(self, rel: str, text: str, target: str):
         pos = positions(text)
         F = functional_alias(pos.module)
         out: list[tuple[Site, Match, StatementSite]] = []

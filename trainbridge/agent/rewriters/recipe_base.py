@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+import libcst as cst
 from pydantic import BaseModel, Field
 
 from ...patterns import GapClass, Level, Pattern
@@ -88,7 +89,7 @@ class Recipe:
                 continue
             try:
                 out.extend(self._find_file(rel, files[rel], target))
-            except Exception:  # an unparsable or odd file has no sites for this recipe
+            except cst.ParserSyntaxError:  # a file that does not parse has no sites (recipe bugs do raise)
                 continue
         return _outside_protected(out, files, protected)
 
