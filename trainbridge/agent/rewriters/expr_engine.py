@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .cstutil import (positions, Edits, Positions, Ref, Scope, StatementSite, code, dead_statements, ensure_imports,
+from .cstutil import (positions, Edits, Ref, Scope, StatementSite, code, dead_statements, ensure_imports,
                       functional_alias, insert_after_imports, iter_functions, iter_statements, assigned_names, stmt)
-from .recipe_base import NotApplicable, Recipe, Site, shorten
+from .recipe_base import Recipe, Site, shorten
 
 
 @dataclass

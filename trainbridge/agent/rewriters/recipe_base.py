@@ -10,7 +10,6 @@ candidate (the ledger can re-derive it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import libcst as cst
 from pydantic import BaseModel, Field

@@ -29,9 +29,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (positions, Ref, call_name, code, dim_is_last, dotted, expr, is_module_call, kwarg, method_receiver, num,
+from .cstutil import (positions, Ref, call_name, code, dim_is_last, expr, is_module_call, kwarg, method_receiver, num,
                       parens, positional, self_attribute_value, strip_parens, _has_effects, walk, iter_functions,
-                      iter_statements, Positions)
+                      iter_statements)
 from .expr_engine import Env, ExprRecipe, Match
 
 NPU_MASK_HELPER = '''

@@ -29,11 +29,11 @@ import builtins
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (positions, Positions, Ref, call_name, code, defines, dotted, ensure_imports, expr, is_module_call, kwarg,
-                      load_names, method_receiver, module_aliases, num, parens, positional, strip_parens, walk,
-                      iter_functions, assigned_names, function_params, Edits)
+from .cstutil import (positions, Ref, call_name, code, dotted, ensure_imports, expr, is_module_call, kwarg,
+                      load_names, method_receiver, num, positional, strip_parens, walk,
+                      iter_functions, assigned_names, Edits)
 from .expr_engine import Env, ExprRecipe, Match
-from .recipe_base import NotApplicable, Recipe, Site, shorten
+from .recipe_base import NotApplicable, Recipe, Site
 
 _IMPURE_CALLS = {"print", "print0", "open", "input", "item", "tolist", "backward", "step", "zero_grad", "save", "load",
                  "numpy", "cpu", "synchronize", "barrier", "all_reduce", "broadcast", "exit", "sleep", "perf_counter",

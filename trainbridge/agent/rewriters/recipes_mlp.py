@@ -98,7 +98,6 @@ class Relu2Recipe(ExprRecipe):
         if hit is None or hit[1] is not scope or hit[0].value is None:
             return None
         d = hit[0]
-        stmt_node = scope.stmts[d.index]
         relu_call = d.value
         # the relu's result may be read only by this square
         from .cstutil import load_names

@@ -26,7 +26,7 @@ import libcst.matchers as m
 
 from .cstutil import (Ref, call_name, code, dim_is_last, expr, flatten_mul, is_module_call, is_true, kwarg,
                       method_receiver, num, parens, positional, product, self_attribute_value, strip_parens,
-                      contains_name, load_names, _has_effects)
+                      load_names, _has_effects)
 from .expr_engine import Env, ExprRecipe, Match
 
 CPU_WEIGHTED_HELPER = '''

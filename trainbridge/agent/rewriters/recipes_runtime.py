@@ -27,7 +27,7 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (positions, Edits, Positions, code, dotted, ensure_imports, expr, insert_after_imports, kwarg,
+from .cstutil import (positions, Edits, code, dotted, ensure_imports, expr, insert_after_imports, kwarg,
                       module_aliases, positional, stmt, walk, _is_docstring, _is_future)
 from .recipe_base import NotApplicable, Recipe, Site, shorten
 
@@ -307,7 +307,6 @@ class AutocastRecipe(Recipe):
                 q = dev.value[-1]
                 edits.sub(dev, cst.SimpleString(f"{q}{target}{q}"))
                 if dtype is None:
-                    implied = "torch.bfloat16" if target == "cpu" else "torch.float16"
                     notes.append(f"{site.file}:{site.line}: no dtype given: the target's default applies "
                                  f"(cpu: bfloat16; the GPU's default was float16)")
             else:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (positions, Edits, Positions, assigned_names, call_name, code, dotted, ensure_imports, insert_after_imports,
+from .cstutil import (positions, Edits, assigned_names, call_name, code, dotted, insert_after_imports,
                       iter_functions, load_names, stmt, target_names, walk)
-from .recipe_base import NotApplicable, Recipe, Site, shorten
+from .recipe_base import Recipe, Site, shorten
 
 LOG_EVERY = 10
 _LOG_CALLS = {"print", "print0", "log", "info", "debug", "warning", "write", "add_scalar", "add_scalars", "log_metrics",
