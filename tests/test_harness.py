@@ -93,3 +93,11 @@ def test_loglines_all_record_formats():
     assert c.total_steps == 1390 and c.val_loss is None and c.train_loss is None
     assert parse_line("peak memory allocated: 100 MiB reserved: 120 MiB") is None
     assert len(parse_log("noise\nstep:1/2 train_time:5ms step_avg:5.00ms\n")) == 1
+
+
+def test_relative_out_dir_works_from_any_working_directory(tmp_path, monkeypatch):
+    """`trainbridge profile` defaults to runs/...: a relative folder must still reach the child."""
+    monkeypatch.chdir(tmp_path)
+    r = run_workload(_tiny(), "cpu", out_dir="runs/rel", warmup_steps=1, measured_steps=2)
+    assert r.ok, r.error
+    assert (tmp_path / "runs" / "rel" / "results").is_dir()

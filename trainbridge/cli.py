@@ -1,4 +1,4 @@
-"""The `trainbridge` command line: profile, collect, run, ledger.
+"""The `trainbridge` command line: profile, collect, run, ledger, records, doctor.
 
 Each command is a thin layer over one pipeline stage; errors a user can fix (a bad
 manifest, a missing device) are printed as one clear message with exit code 2.
@@ -233,6 +233,109 @@ def ledger_cmd(
         outcome = verify_run(run_dir, pairs=pairs, console=console)
         raise typer.Exit(0 if outcome.holds else 1)
     render_ledger(Ledger(path), console)
+
+
+records_app = typer.Typer(no_args_is_help=True, help="Modded-NanoGPT record comparisons: extract, then run.")
+app.add_typer(records_app, name="records")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_SERIES = REPO_ROOT / "workloads" / "records" / "logs"
+
+
+def _parse_sets(sets: list[str]) -> dict[str, object]:
+    """`--set layers=4 --set lr=0.01` -> {"layers": 4, "lr": 0.01} (int, float, bool, else str)."""
+    out: dict[str, object] = {}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected NAME=VALUE")
+        value: object = raw
+        for conv in (int, float):
+            try:
+                value = conv(raw)
+                break
+            except ValueError:
+                pass
+        if raw in ("true", "false", "True", "False"):
+            value = raw.lower() == "true"
+        out[key] = value
+    return out
+
+
+@records_app.command("extract")
+@user_errors
+def records_extract(
+    path: Path = typer.Argument(..., help="a Modded-NanoGPT checkout, or a folder of its logs"),
+    out: Path = typer.Option(Path("records.json"), "--out", "-o", help="where to write the extracted records"),
+) -> None:
+    """Each record's number, name, script (from its log, extra files too) and GPU timings."""
+    from rich.table import Table
+
+    from .records.extract import ExtractError, extract
+
+    try:
+        index = extract(path)
+    except ExtractError as e:
+        raise ValueError(str(e)) from None
+    out.write_text(index.model_dump_json(indent=1))
+    table = Table(title=f"records under {path}")
+    for col in ("record", "name", "README time", "logs", "script", "train_time", "step_avg", "val_loss"):
+        table.add_column(col)
+    for r in index.records:
+        script = (f"{len(r.script.splitlines())} lines" + (f" + {len(r.extra_files)} files" if r.extra_files else "")
+                  if r.script else f"[yellow]none[/yellow]: {r.no_script_reason}")
+        table.add_row(str(r.num if r.num is not None else "?"), r.name, r.readme_time or "-", str(len(r.logs)), script,
+                      f"{r.reference_train_time_ms:.0f} ms" if r.reference_train_time_ms is not None else "-",
+                      f"{r.reference_step_avg_ms:.2f} ms" if r.reference_step_avg_ms is not None else "-",
+                      f"{r.reference_val_loss:.4f}" if r.reference_val_loss is not None else "-")
+    console.print(table)
+    console.print(f"wrote {out} ({len(index.records)} records, {sum(r.script is not None for r in index.records)} with a script)")
+
+
+@records_app.command("run")
+@user_errors
+def records_run(
+    source: Optional[Path] = typer.Argument(None, help="records.json from `records extract`, a checkout or a log folder "
+                                                      "(default: the shipped record-style series)"),
+    target: str = TargetOpt,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default runs/records-<time>-<target>)"),
+    sets: list[str] = typer.Option([], "--set", help="scale override KNOB=VALUE or FIELD=VALUE (see docs/records.md)"),
+    only: Optional[str] = typer.Option(None, help="comma-separated record numbers to run"),
+    budget: int = typer.Option(3, help="most candidates per record"),
+    minutes: float = typer.Option(3.0, help="loop time budget per record, in minutes"),
+    pairs: int = typer.Option(2, help="interleaved timing pairs per candidate and for the end-to-end figure"),
+    baseline_runs: int = typer.Option(4, help="baseline runs per record (>= 4)"),
+    shards: Optional[Path] = typer.Option(None, help="folder with train_*.bin / val_*.bin shards (default: made locally)"),
+    collect: bool = typer.Option(False, "--collect/--skip-collect", help="collect GPU evidence per record (slower)"),
+) -> None:
+    """Port, scale and optimize each record; write the comparison table and plot."""
+    import datetime as dt
+
+    from .records.compare import run_records
+    from .records.extract import extract
+    from .records.models import RecordIndex
+
+    src = source or SHIPPED_SERIES
+    if src.is_file() and src.suffix == ".json":
+        index = RecordIndex.model_validate_json(src.read_text())
+    else:
+        index = extract(src)
+    out = out or Path("runs") / f"records-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}-{target}"
+    wanted = {int(x) for x in only.split(",")} if only else None
+
+    def announce(entry):
+        console.print(f"[bold]record {entry.num}[/bold] {entry.name}: port, scale, optimize ({budget} candidates, "
+                      f"{minutes:g} min)")
+
+    reporter = RunProgress()
+    with reporter.progress:
+        results = run_records(index, out, target=target, repo_root=REPO_ROOT, overrides=_parse_sets(sets),
+                              shards=shards, budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs,
+                              baseline_runs=baseline_runs, collect=collect, only=wanted, reporter=reporter,
+                              on_record=announce)
+    console.print((out / "records_table.md").read_text())
+    console.print(f"wrote {out / 'records_table.md'}, {out / 'records_results.json'}, {out / 'records_speedup.png'}")
+    if not any(r.status == "measured" for r in results):
+        raise typer.Exit(1)
 
 
 @app.command()

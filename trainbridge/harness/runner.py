@@ -249,7 +249,7 @@ def run_workload(
         from ..npu_reference.fake_torch_npu import npu_to_cpu_for_dry_run
 
         sources = {rel: npu_to_cpu_for_dry_run(t) if rel.endswith(".py") else t for rel, t in sources.items()}
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # the child runs in the program folder: paths must be absolute
     prog_dir = materialize(workload, sources, out_dir / "programs" / sources_digest(sources))
     results = out_dir / "results"
     results.mkdir(parents=True, exist_ok=True)

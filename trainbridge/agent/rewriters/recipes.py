@@ -26,6 +26,7 @@ from .recipes_compile import CompileRegionRecipe, SoftcapCrossEntropyRecipe
 from .recipes_mlp import Relu2Recipe
 from .recipes_norm import RmsNormRecipe
 from .recipes_optim import FusedOptimizerRecipe
+from .recipes_precision import Fp32WhereBf16IsSlowRecipe
 from .recipes_rotary import RotaryRecipe
 from .recipes_runtime import AutocastRecipe, EnvKnobRecipe, StatementKnobRecipe, ThreadsRecipe
 from .recipes_sync import HostSyncRecipe
@@ -62,6 +63,12 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     AutocastRecipe(
         "autocast_reapply", "precision", "L0", "porting_artifact", set(_ALL),
         "point the program's 16-bit autocast at the target device (the port left it on another device, a no-op)"),
+    Fp32WhereBf16IsSlowRecipe(
+        "fp32_where_bf16_slow", "precision", "L0", "porting_artifact", {"cpu"},
+        "run one function's explicit bf16 casts and bf16 buffers in fp32 on a target without bf16 math units",
+        per_site=True, unsupported={"cuda": "bf16 is native on the GPUs the programs target",
+                                    "npu": "bf16 is native on Atlas A2 (910B); 910A is not a supported target"},
+        ops_removed=["aten::_to_copy"]),
     RmsNormRecipe(
         "rms_norm_fused", "rms_norm", "L2", "fusion", set(_ALL),
         "replace a hand-written RMSNorm by the fused RMSNorm operator (F.rms_norm / npu_rms_norm)",

@@ -29,6 +29,7 @@ import libcst.matchers as m
 
 from .cstutil import (positions, Edits, code, dotted, ensure_imports, expr, insert_after_imports, kwarg,
                       module_aliases, positional, stmt, walk, _is_docstring, _is_future)
+from ...targets.capabilities import fast_bf16
 from .recipe_base import NotApplicable, Recipe, Site, shorten
 
 
@@ -283,6 +284,8 @@ class AutocastRecipe(Recipe):
         return pos, out
 
     def _find_file(self, rel, text, target):
+        if not fast_bf16(target):  # emulated bf16 GEMMs: 10-40x slower, not a repair (fp32_where_bf16_slow)
+            return []
         return [s for s, _, _ in self._sites(rel, text, target)[1]]
 
     def _rewrite_file(self, rel, text, target, sites):
@@ -325,6 +328,9 @@ class AutocastRecipe(Recipe):
         return edits.apply(pos.module).code, done, notes
 
     def _no_site_reason(self, files, target):
+        if not fast_bf16(target):
+            return (f"autocast_reapply: {target} has no bf16 math units here (targets/capabilities.py): "
+                    "16-bit autocast would be emulated and slower than the port's fp32")
         return (f"autocast_reapply: no enabled autocast for another device than {target!r} (a program that never "
                 "used autocast is out of scope: adding low precision is not a port repair)")
 

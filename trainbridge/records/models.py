@@ -1,0 +1,72 @@
+"""What `trainbridge records extract` writes (records.json) and `records run` reads."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+LogFormat = Literal["code_between_separators", "code_first", "no_code"]
+
+
+class StepLine(BaseModel):
+    """One `step:N/M ...` line of a record log (val_loss or train_loss may be absent)."""
+
+    step: int
+    total_steps: int
+    val_loss: float | None = None
+    train_loss: float | None = None
+    train_time_ms: int
+    step_avg_ms: float | None = Field(None, description="None where the log printed nan")
+
+
+class ParsedLog(BaseModel):
+    """One log file: the script it embeds (if any) and its timing lines."""
+
+    path: str
+    format: LogFormat
+    script: str | None = Field(None, description="the main training script embedded in the log")
+    extra_files: dict[str, str] = Field(default_factory=dict, description="files appended after the script (record 61 on)")
+    script_parses: bool | None = Field(None, description="whether the embedded script is valid Python")
+    torch_version: str | None = None
+    steps: list[StepLine] = Field(default_factory=list)
+    final_val_loss: float | None = Field(None, description="the last val_loss line: the run's result")
+    final_train_time_ms: int | None = None
+    final_step_avg_ms: float | None = None
+    peak_memory_mib: int | None = None
+
+
+class KnownRecord(BaseModel):
+    """A row of the Modded-NanoGPT README table (trainbridge/records/known_records.tsv)."""
+
+    num: int
+    record_time: str = Field(..., description="as the README table gives it, e.g. '3.28 minutes'")
+    date: str
+    description: str
+    log_link: str = ""
+
+
+class RecordEntry(BaseModel):
+    """One record found under the extracted path."""
+
+    key: str = Field(..., description="the record's folder name, unique in this extraction")
+    num: int | None = Field(None, description="record number from the README table; None when unmatched")
+    name: str
+    date: str | None = Field(None, description="ISO date from the folder name")
+    description: str = ""
+    readme_time: str | None = Field(None, description="the README table's time for this record (8xH100)")
+    logs: list[ParsedLog] = Field(default_factory=list)
+    script_log: str | None = Field(None, description="path of the log the script was taken from")
+    script: str | None = None
+    extra_files: dict[str, str] = Field(default_factory=dict)
+    no_script_reason: str | None = Field(None, description="why there is no script (llm.c log, no log ...)")
+    reference_train_time_ms: float | None = Field(None, description="median final train_time over the logs")
+    reference_step_avg_ms: float | None = Field(None, description="median final step_avg over the logs")
+    reference_val_loss: float | None = Field(None, description="median final val_loss over the logs")
+
+
+class RecordIndex(BaseModel):
+    """records.json: everything `extract` found, in record order."""
+
+    source: str
+    records: list[RecordEntry]
