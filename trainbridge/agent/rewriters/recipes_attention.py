@@ -10,7 +10,8 @@ Recognised (after following local names, so chained or split statements both mat
                                        be a registered buffer sliced [:T, :T] or [:, :, :T, :T])
              | S + A                  (A = triu(full(-inf), 1): an additive causal mask)
     S = (Q @ K^T) * s | (Q @ K^T) / d | s * (Q @ K^T) | Q @ K^T
-                                      (K^T: K.transpose(-2, -1), K.transpose(-1, -2), K.mT)
+                                      (K^T: K.transpose(-2, -1), K.transpose(-1, -2), K.mT;
+                                       K.transpose(2, 3) of 4-D B,H,T,D tensors)
 
 Not applicable (with the reason) when dropout sits between softmax and `@ V`, when the mask is
 not provably causal (padding masks, sliding windows, ALiBi), or when the attention weights
@@ -79,7 +80,9 @@ def _transposed(ref: Ref, used: set) -> Ref | None:
     if isinstance(n, cst.Call) and call_name(n) == "transpose" and method_receiver(n, {"transpose"}) is not None \
             and len(n.args) == 2:
         dims = sorted(num(a.value) for a in n.args if num(a.value) is not None)
-        if dims == [-2, -1]:
+        # the last two dims: (-2, -1), or (2, 3) of the 4-D (B, H, T, D) layout the other
+        # operand shares (a 3-D K would fail the matmul, and the loss check catches the rest)
+        if dims in ([-2, -1], [2, 3]):
             return r.with_node(n.func.value)
     return None
 

@@ -68,10 +68,11 @@ def _tensor_work(fn: cst.FunctionDef) -> int:
             name = call_name(node) or ""
             if d.startswith(("torch.optim", "torch.nn.", "nn.", "torch.device", "torch.distributed")):
                 continue
-            if d.startswith(("torch.", "F.")) or name in _TENSOR_METHODS:
-                n += 1
-            elif isinstance(node.func, cst.Attribute) and m.matches(node.func.value, m.Attribute(value=m.Name("self"))):
-                n += 1  # a submodule call inside an nn.Module method
+            if d.startswith(("torch.", "F.")) or (name in _TENSOR_METHODS and isinstance(node.func, cst.Attribute)
+                                                  and not d.startswith("math.")):
+                n += 1  # a torch function or a tensor method (a builtin max()/abs() is not tensor work)
+            elif m.matches(node.func, m.Attribute(value=m.Name("self"))):
+                n += 1  # a submodule call inside an nn.Module method (self.conv1(x))
     return n
 
 
