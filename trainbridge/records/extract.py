@@ -140,6 +140,4 @@ def _entry(key: str, parsed) -> RecordEntry:
                                   else "no log")
     else:
         entry.script, entry.extra_files, entry.script_log = main.script, main.extra_files, main.path
-        if not main.script_parses:
-            entry.no_script_reason = None
     return entry

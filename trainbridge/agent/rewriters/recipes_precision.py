@@ -19,7 +19,7 @@ from ...targets.capabilities import fast_bf16
 from .cstutil import Edits, code, dotted, kwarg, positional, positions, walk
 from .recipe_base import NotApplicable, Recipe, Site, shorten
 
-_BF16 = ("torch.bfloat16", "torch.bfloat")
+_BF16 = ("torch.bfloat16",)
 
 
 def _is_bf16(node) -> bool:
