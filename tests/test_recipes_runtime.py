@@ -106,3 +106,22 @@ def test_autocast_on_the_cpu_port_of_nanogpt():
     lost = [c for c in port.changes if c.kind == "precision_lost"]
     new, out = _apply("autocast_reapply", port.files["train_gpt.py"], "cpu", "train_gpt.py")
     assert len(out.sites) == len(lost) >= 1 and 'device_type="cuda"' not in new
+
+
+def test_knob_recipes_never_touch_files_the_manifest_does_not_let_an_agent_edit():
+    """nanogpt's data/make_shards.py also has `if __name__ == "__main__"`: a knob placed there
+    is a guard rejection, so the planner must not find a site there in the first place."""
+    from trainbridge.agent.rewriters.recipe_base import NotApplicable, off_limits
+    from trainbridge.agent.rewriters.recipes import RECIPES
+    from trainbridge.harness.runner import port_sources
+    from trainbridge.workload import load_workload
+
+    wl = load_workload(Path(__file__).resolve().parents[1] / "workloads" / "nanogpt")
+    files, _ = port_sources(wl, "npu")
+    assert "data/make_shards.py" in files
+    fence = off_limits(files, wl.manifest.protected, wl.manifest.editable)
+    for name in ("npu_hf32", "npu_alloc_conf"):
+        assert "data/make_shards.py" in {s.file for s in RECIPES[name].find(files, "npu")}, "the trap is real"
+        assert all(s.file == "train_gpt.py" for s in RECIPES[name].find(files, "npu", protected=fence))
+        out = RECIPES[name].apply(files, "npu", protected=fence)
+        assert isinstance(out, NotApplicable) or out.changed_files == ["train_gpt.py"], name

@@ -22,6 +22,7 @@ from ..profile.analysis import ProfileReport, analyse
 from ..workload import Workload
 from .evaluate import interleaved_timing, reference_run, validate
 from .planner import PlanItem, make_item, rank, site_pattern
+from .rewriters.recipe_base import off_limits
 from .rewriters.base import Declined, Proposal
 from .state import RunConfig, RunPaths, RunState, read_program, write_program
 
@@ -207,10 +208,12 @@ class Nodes:
         intents = self._intents()
         tried = set(state.get("tried", []))
         items: list[PlanItem] = []
+        m = ctx.workload.manifest
+        fence = off_limits(files, m.protected, m.editable)
         for recipe in RECIPES.values():
-            if cfg.target not in recipe.targets:
+            if cfg.target not in recipe.targets or (cfg.dry_run and not recipe.dry_run_checkable):
                 continue
-            sites = recipe.find(files, cfg.target)
+            sites = recipe.find(files, cfg.target, protected=fence)
             if not sites:
                 continue
             for site in ({s.qualname for s in sites} if recipe.per_site else {None}):

@@ -665,7 +665,10 @@ class LLMRewriter:
                 raise _Failure("recipe", f"recipe {recipe.name!r} does not support target {target!r} "
                                          f"(supports {', '.join(sorted(recipe.targets))})")
             site = getattr(item, "site", None) if recipe.name == getattr(item, "recipe", None) else None
-            out = recipe.apply(incumbent, target, site)
+            from .recipe_base import off_limits
+
+            fence = off_limits(incumbent, context.get("protected"), context.get("editable"))
+            out = recipe.apply(incumbent, target, site, protected=fence)
             if isinstance(out, NotApplicable):
                 raise _Failure("recipe", f"recipe {recipe.name!r} does not apply: {out.reason}")
             new, mechanism = out.files, recipe.mechanism

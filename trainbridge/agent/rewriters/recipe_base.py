@@ -74,6 +74,8 @@ class Recipe:
     levels: dict[str, Level] = field(default_factory=dict)  # per-target level when it differs
     unsupported: dict[str, str] = field(default_factory=dict)  # target -> why not
     ops_removed: list[str] = field(default_factory=list)
+    # whether an npu dry run (CPU references of torch_npu ops) can validate the rewrite
+    dry_run_checkable: bool = True
 
     # ------------------------------------------------------------ interface ----
     def level_for(self, target: str) -> Level:
@@ -164,6 +166,19 @@ class Recipe:
                 return NotApplicable(reason=f"{self.name}: no site {getattr(w, 'qualname', w)!r}; sites are {names}")
             chosen.extend(h for h in hits if h not in chosen)
         return chosen
+
+
+def off_limits(files: dict[str, str], protected: list[ProtectedRegion] | None,
+               editable: list[str] | None) -> list[ProtectedRegion]:
+    """The manifest's protected regions plus every program file no `editable` glob admits:
+    what a recipe may neither find sites in nor rewrite (the guard would reject it anyway)."""
+    import fnmatch
+
+    out = list(protected or [])
+    if editable is not None:
+        out += [ProtectedRegion(file=rel, whole_file=True, reason="not editable under the manifest")
+                for rel in files if not any(fnmatch.fnmatch(rel, g) for g in editable)]
+    return out
 
 
 def _outside_protected(sites: list[Site], files: dict[str, str], protected: list[ProtectedRegion] | None) -> list[Site]:

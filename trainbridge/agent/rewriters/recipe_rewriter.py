@@ -7,12 +7,14 @@ from .base import Declined, Proposal
 
 class RecipeRewriter:
     def propose(self, item, files: dict[str, str], target: str, context: dict) -> Proposal | Declined:
+        from .recipe_base import off_limits
         from .recipes import RECIPES, NotApplicable
 
         recipe = RECIPES.get(item.recipe)
         if recipe is None:
             return Declined(reason=f"no recipe named {item.recipe!r}")
-        out = recipe.apply(files, target, getattr(item, "site", None))
+        fence = off_limits(files, context.get("protected"), context.get("editable"))
+        out = recipe.apply(files, target, getattr(item, "site", None), protected=fence)
         if isinstance(out, NotApplicable):
             return Declined(reason=out.reason)
         return Proposal(

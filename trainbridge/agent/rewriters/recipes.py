@@ -98,7 +98,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         unsupported={"cpu": _CPU_SYNC}, ops_removed=["aten::item", "aten::_local_scalar_dense"]),
     CompileRegionRecipe(
         "compile_region", "compile_region", "L4", "fusion", set(_ALL),
-        "torch.compile exactly one function (one supernode's source region)", per_site=True),
+        "torch.compile exactly one function (one supernode's source region)", per_site=True,
+        dry_run_checkable=False),  # backend="npu" (torchair) does not exist on the CPU
     SoftcapCrossEntropyRecipe(
         "softcap_ce_fused", "softcap_cross_entropy", "L4", "fusion", set(_ALL),
         "fuse the tanh logit softcap with the cross-entropy (one compiled region on cpu/cuda; "

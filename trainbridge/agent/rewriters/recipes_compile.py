@@ -82,6 +82,8 @@ def compile_ineligible(fi, module: cst.Module) -> str | None:
     last = q.split(".")[-1]
     if fi.parent_function is not None:
         return "nested function"
+    if last.startswith("_tb_"):
+        return "a helper another recipe inserted"
     if last in ("__init__", "main", "step", "zero_grad", "__repr__", "extra_repr") or last.startswith("__"):
         return f"{last} is not a tensor region"
     if fi.class_def is not None:
