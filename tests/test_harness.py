@@ -51,6 +51,16 @@ def test_instruments_run_on_their_own_steps(tmp_path):
     assert any(row["name"] == "aten::addmm" for row in r.profile_ops)
 
 
+def test_compiled_graphs_are_counted_only_inside_the_steps(tmp_path):
+    plain = run_workload(_tiny(), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=2)
+    init = run_workload(_tiny(["compile_init"]), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=2)
+    step = run_workload(_tiny(["compile_step"]), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=2)
+    assert plain.status == init.status == step.status == "ok", (init.error, step.error)
+    assert plain.compiled_graphs_in_steps is None  # nothing compiled at all
+    assert init.compiled_graphs_in_steps == 0  # compiled before the first forward: not on the step's path
+    assert step.compiled_graphs_in_steps >= 1
+
+
 def test_crashing_program_reports_why(tmp_path):
     r = run_workload(_tiny(["crash"]), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=5)
     assert r.status == "crashed"

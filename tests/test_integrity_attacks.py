@@ -126,3 +126,35 @@ def test_same_program_against_itself_is_not_accepted(setup):
     comp = compare(inc, cand, min_effect=0.02, confidence=0.95)
     assert comp.decision == "reject", comp.reason
     assert comp.ci_low <= 1.02
+
+
+def _validate_compiled(setup, candidate):
+    wl, port, ref, out = setup
+    verdict, _ = validate(wl, "cpu", original=port, candidate=candidate, changed=[FILE], baseline_ref=ref,
+                          out_dir=out, seed=1337, low_precision=False, ops_removed=[], compiled_region=True)
+    return verdict
+
+
+def test_compiling_a_function_outside_the_step_is_refused_before_timing(setup):
+    # A real false accept on the noisy VM: torch.compile of an initialisation function, timed
+    # at "1.43x". It cannot make a step faster, and the mechanism check says so without timing.
+    _, port, _, _ = setup
+    cand = _edit(port, "class Model(nn.Module):", "@torch.compile(backend=\"eager\")\n"
+                 "def _init_scale(w):\n    return w * 1.0\n\n\nclass Model(nn.Module):")
+    cand = {**cand, FILE: cand[FILE].replace("def main():\n", "def main():\n    _init_scale(torch.ones(3))\n", 1)}
+    v = _validate_compiled(setup, cand)
+    assert not v.passed and v.stage == "mechanism" and "only before the first forward" in v.reason, v
+
+
+def test_compiled_region_without_any_compile_is_refused(setup):
+    _, port, _, _ = setup
+    v = _validate_compiled(setup, _edit(port, "(hidden * hidden).mean(dim=-1, keepdim=True)",
+                                        "hidden.pow(2).mean(-1, keepdim=True)"))
+    assert not v.passed and v.stage == "mechanism" and "nothing compiled" in v.reason, v
+
+
+def test_compiled_region_on_the_step_passes(setup):
+    _, port, _, _ = setup
+    cand = _edit(port, "    def forward(self, hidden):", "    @torch.compile(backend=\"eager\")\n    def forward(self, hidden):")
+    v = _validate_compiled(setup, cand)
+    assert v.passed and v.details["mechanism_confirmed"], v

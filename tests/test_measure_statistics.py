@@ -81,10 +81,38 @@ def test_run_to_run_noise_is_not_taken_for_a_gain():
     inc = [list(m * (1 + rng.normal(0, 0.002, 20))) for m in inc_medians]
     cand = [list(m * (1 + rng.normal(0, 0.002, 20))) for m in cand_medians]
     pooled = compare([sum(inc, [])], [sum(cand, [])], min_runs=1)
-    assert pooled.decision == "accept"  # what a naive step-level bootstrap would conclude
+    assert pooled.boot_ci_low > 1.02  # what a naive step-level bootstrap would conclude
     c = compare(inc, cand)
     assert c.decision == "reject", c.reason
-    assert (c.ci_high - c.ci_low) > 3 * (pooled.ci_high - pooled.ci_low)
+    assert (c.ci_high - c.ci_low) > 3 * (pooled.boot_ci_high - pooled.boot_ci_low)
+
+
+def tight_runs(medians, steps=10, sd=0.02, seed=0):
+    rng = np.random.default_rng(seed)
+    return [list(m * (1 + rng.normal(0, sd, steps))) for m in medians]
+
+
+def test_two_noisy_pairs_are_not_taken_for_a_gain():
+    # Adversarial, from a real run on this project's VM (20261203-073953, cifar_resnet): the
+    # candidate compiled a function that never runs in a training step, and two A B / B A
+    # pairs happened to land on a slow incumbent and a fast candidate process. The
+    # hierarchical bootstrap, recombining two runs a side, accepted at 1.43x.
+    inc = tight_runs([50.1, 51.5], seed=1)
+    cand = tight_runs([33.0, 43.5], seed=2)
+    c = compare(inc, cand)
+    assert c.boot_ci_low > 1.02  # the bootstrap alone would have accepted
+    assert c.run_ci_kind == "paired" and c.run_ci_low < 1.0
+    assert c.decision == "reject" and c.ci_low == c.run_ci_low, c.reason
+
+
+def test_consistent_pairs_are_accepted_with_two_pairs():
+    c = compare(tight_runs([50.0, 48.0], seed=3), tight_runs([40.2, 38.5], seed=4))
+    assert c.run_ci_kind == "paired" and c.decision == "accept", c.reason
+
+
+def test_unpaired_runs_use_welch():
+    c = compare(tight_runs([50.0, 49.0, 51.0], seed=5), tight_runs([40.0, 41.0], seed=6))
+    assert c.run_ci_kind == "welch" and c.run_ci_low < c.speedup < c.run_ci_high
 
 
 def test_one_run_per_side_is_rejected():
@@ -132,6 +160,24 @@ def test_aa_says_when_min_effect_is_inside_the_noise():
                       scheme="random")
     assert aa.recommended_min_effect > 0.02 and not aa.min_effect_ok
     assert "inside the noise" in aa.note
+
+
+def test_aa_false_accepts_stay_at_target_on_noisy_runs():
+    # Run medians like the cifar_resnet baseline on the 2-core VM: one slow process in four.
+    runs = tight_runs([45.0, 32.0, 36.0, 34.0, 44.0, 33.0], seed=8)
+    aa = calibrate_aa(runs, min_effect=0.02, confidence=0.95, n_splits=100)
+    assert aa.false_accept_rate <= 0.05, aa.note
+    boot_only = sum(compare([runs[i] for i in a], [runs[i] for i in b]).boot_ci_low > 1.02
+                    for a, b in [((0, 2, 4), (1, 3, 5)), ((1, 3, 5), (0, 2, 4)), ((0, 3, 4), (1, 2, 5))])
+    assert boot_only >= 1  # the bootstrap alone accepts some of these splits
+
+
+def test_aa_min_effect_needed_meets_the_target_rate():
+    runs = make_runs(100, 10, 10, run_sd=0.03, step_sd=0.002, seed=13)
+    aa = calibrate_aa(runs, min_effect=0.0, confidence=0.8, n_splits=100, scheme="random")
+    assert aa.false_accept_rate > 0.05 and aa.min_effect_needed > 0
+    again = calibrate_aa(runs, min_effect=aa.min_effect_needed, confidence=0.8, n_splits=100, scheme="random")
+    assert again.false_accept_rate <= 0.05
 
 
 def test_aa_needs_two_runs_per_half():

@@ -45,8 +45,22 @@ def _parses(files: dict[str, str], changed: list[str]) -> str | None:
     return None
 
 
-def mechanism_check(reference: RunResult, candidate: RunResult, ops: list[str]) -> tuple[bool, str]:
-    """Whether the operators a hypothesis named fell in the per-step dispatcher count."""
+def mechanism_check(reference: RunResult, candidate: RunResult, ops: list[str], *,
+                    compiled_region: bool = False) -> tuple[bool, str]:
+    """Whether the change did what its hypothesis said: the named operators fell in the per-step
+    dispatcher count, or (a torch.compile region) a compiled graph was entered in the steps.
+
+    Op counting runs the program eager (Dynamo steps aside under a dispatch mode), so a
+    compiled region is checked by Dynamo's graph count instead: a graph first compiled after
+    the first forward of the training model lies on the step's path; one compiled before it
+    (an initialisation function, say) cannot make a step faster.
+    """
+    if compiled_region:
+        n = candidate.compiled_graphs_in_steps
+        if not n:
+            return False, ("no torch.compile graph was entered inside the training steps "
+                           f"({'nothing compiled at all' if n is None else 'only before the first forward'})")
+        return True, f"{n} compiled graph(s) entered inside the training steps"
     if not ops or reference.ops_per_step is None or candidate.ops_per_step is None:
         return True, "no operator-level prediction to check"
     def count(r: RunResult) -> int:
@@ -62,6 +76,7 @@ def validate(
     workload: Workload, target: str, *, original: dict[str, str], candidate: dict[str, str],
     changed: list[str], baseline_ref: RunResult, out_dir: Path, seed: int, low_precision: bool,
     ops_removed: list[str], incumbent_ref: RunResult | None = None, npu_reference: bool = False,
+    compiled_region: bool = False,
 ) -> tuple[Validation, RunResult | None]:
     from .guard import check_candidate
 
@@ -87,7 +102,13 @@ def validate(
     work = check_work(baseline_ref, run)
     if not work.passed:
         return Validation(passed=False, stage="work", reason=work.reason), run
-    fell, note = mechanism_check(incumbent_ref or baseline_ref, run, ops_removed)
+    fell, note = mechanism_check(incumbent_ref or baseline_ref, run, ops_removed, compiled_region=compiled_region)
+    if not fell and not npu_reference:
+        # (A dry run's torch_npu references are written in ATen ops, so counts cannot fall there.)
+        # The method: verify the mechanism before the objective. Timing a change that did not
+        # do what it claimed can only find noise.
+        return Validation(passed=False, stage="mechanism", reason=f"mechanism not confirmed: {note}",
+                          details={"mechanism_confirmed": False, "mechanism": note, "loss": loss.reason}), run
     return Validation(passed=True, stage="work", reason="parse, guard, run, loss and work checks passed",
                       details={"mechanism_confirmed": fell, "mechanism": note, "loss": loss.reason}), run
 

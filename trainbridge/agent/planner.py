@@ -42,6 +42,8 @@ PATTERN_OPS: dict[str, tuple[tuple[str, ...], float]] = {
 
 class Hypothesis(BaseModel):
     ops_removed: list[str] = Field(..., description="operators expected to disappear or shrink")
+    compiled_region: bool = Field(False, description="the change is a torch.compile region: a compiled graph must "
+                                                     "be entered inside the training step")
     predicted_saving_ms: float
     predicted_saving_pct: float
     reject_if: str
@@ -89,7 +91,7 @@ def site_pattern(pattern: str, site: str | None) -> str:
 
 
 def make_item(recipe, profile: ProfileReport, *, intent: dict | None, min_effect: float,
-              site: str | None = None) -> PlanItem:
+              site: str | None = None, target: str | None = None) -> PlanItem:
     pattern = site_pattern(recipe.pattern, site)
     ops, _ = PATTERN_OPS.get(pattern, ((), 0.1))
     saving = predicted_saving_ms(pattern, profile, (intent or {}).get("eager_ops"))
@@ -97,13 +99,16 @@ def make_item(recipe, profile: ProfileReport, *, intent: dict | None, min_effect
     conf = float((intent or {}).get("confidence", 0.5))
     level = (intent or {}).get("level") or recipe.level
     pct = 100 * saving / step if step else 0.0
+    compiled = target in getattr(recipe, "compiled_on", ())
     hyp = Hypothesis(
-        ops_removed=list(ops),
+        ops_removed=[] if compiled else list(ops), compiled_region=compiled,
         predicted_saving_ms=round(saving, 3),
         predicted_saving_pct=round(pct, 2),
         reject_if=(
-            f"the speedup's {int(100 * 0.95)}% CI does not clear {1 + min_effect:.2f}x, or the named "
-            "operators' per-step count does not fall, or the loss trajectory leaves tolerance"
+            f"the speedup's {int(100 * 0.95)}% CI does not clear {1 + min_effect:.2f}x, or "
+            + ("no compiled graph is entered inside the training step" if compiled
+               else "the named operators' per-step count does not fall")
+            + ", or the loss trajectory leaves tolerance"
         ),
     )
     return PlanItem(

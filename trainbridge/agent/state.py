@@ -29,7 +29,9 @@ class RunConfig(BaseModel):
     budget_minutes: float = 18.0
     timing_pairs: int = Field(3, description="interleaved incumbent/candidate process pairs per candidate")
     baseline_runs: int = Field(6, description="baseline runs, also the A/A calibration sample")
-    min_effect: float = 0.02
+    min_effect: float = Field(0.02, description="smallest speedup fraction to accept; raised by the A/A check "
+                                                "when the baseline runs are noisier than that")
+    max_false_accept_rate: float = Field(0.05, description="A/A false-accept rate the acceptance rule may have")
     confidence: float = 0.95
     dry_run: bool = False
     compare_compile: bool = True
@@ -118,6 +120,7 @@ class RunState(TypedDict, total=False):
     incumbent_id: str
     incumbent_speedup: float
     baseline_median_ms: float
+    min_effect: float       # the bar decisions use (the A/A check may raise cfg.min_effect)
     tried: list[str]        # plan keys (recipe@sites) already turned into candidates
     candidates: list[str]   # candidate ids in order
     accepted: list[str]

@@ -59,6 +59,12 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _compiled_graphs() -> int:
+    """Graphs Dynamo compiled so far in this process (0 if torch.compile was never used)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0
+
+
 def _program_sha(root: Path) -> str:
     h = hashlib.sha256()
     for p in sorted(root.rglob("*.py")):
@@ -98,6 +104,7 @@ class StepClock:
         self.ops_per_step: OpCount | None = None
         self.flops_per_step: int | None = None
         self.profile_ops: list[dict] | None = None
+        self.graphs_at_root: int | None = None  # compiled graphs before the first training forward
 
     # ----------------------------------------------------------------- phases ----
     def phase_of(self, index: int) -> str:
@@ -159,6 +166,7 @@ class StepClock:
 
     def _set_root(self, module: torch.nn.Module) -> None:
         self.root = module
+        self.graphs_at_root = _compiled_graphs()
         module.register_forward_pre_hook(self._count_work)
         for p in self.plugins:
             p.on_root_module(module)
@@ -395,6 +403,9 @@ def run(req: RunRequest) -> RunResult:
     result.peak_memory_mb = target.peak_memory_mb()
     result.ops_per_step = clock.ops_per_step
     result.flops_per_step = clock.flops_per_step
+    total_graphs = _compiled_graphs()
+    if total_graphs:
+        result.compiled_graphs_in_steps = total_graphs - (clock.graphs_at_root or 0)
     result.profile_ops = clock.profile_ops
     if clock.profile_ops is not None and req.profile_trace_path:
         result.profile_trace_path = req.profile_trace_path

@@ -96,6 +96,9 @@ class RunResult(BaseModel):
     peak_memory_mb: float | None = None
     ops_per_step: OpCount | None = None
     flops_per_step: int | None = None
+    compiled_graphs_in_steps: int | None = Field(
+        None, description="torch.compile graphs first compiled after the first forward of the root module (so "
+                          "inside the training steps); None when nothing was compiled at all")
     profile_trace_path: str | None = None
     profile_ops: list[dict] | None = Field(None, description="key_averages rows of the profiler window")
     program_log: list[LogLine] = Field(default_factory=list)

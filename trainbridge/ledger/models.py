@@ -18,7 +18,7 @@ from ..measure.statistics import AACalibration, Comparison, Summary, summarize
 
 LEDGER_SCHEMA_VERSION = 1
 Scalar = Union[str, float, int, bool, None]
-ValidationStage = Literal["apply", "parse", "import", "guard", "correctness", "work", "lab"]
+ValidationStage = Literal["apply", "parse", "import", "guard", "correctness", "work", "mechanism", "lab"]
 
 
 def utc_now() -> str:
@@ -60,6 +60,8 @@ class HypothesisRecord(_Strict):
     """What a candidate claims before it is measured, so the claim can be checked after."""
 
     ops_removed: list[str] = Field(default_factory=list)
+    compiled_region: bool = Field(False, description="a torch.compile region: a compiled graph must be entered "
+                                                     "inside the training step")
     predicted_saving_ms: float
     predicted_saving_pct: float
     reject_if: str
@@ -112,6 +114,8 @@ class BaselineMeasured(_Event):
     verdict: str | None = Field(None, description="profile bottleneck verdict")
     profile_path: str | None = None
     aa: AACalibration | None = Field(None, description="A/A calibration of the acceptance rule on these runs")
+    min_effect: float | None = Field(None, description="the minimum effect the run's decisions use: the configured "
+                                                       "one, or more when the A/A check found the runs noisier")
     summary: Summary | None = Field(None, description="of the pooled runs; filled in when not given")
     environment: Environment | None = None
 

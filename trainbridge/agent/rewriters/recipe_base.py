@@ -76,6 +76,9 @@ class Recipe:
     ops_removed: list[str] = field(default_factory=list)
     # whether an npu dry run (CPU references of torch_npu ops) can validate the rewrite
     dry_run_checkable: bool = True
+    # targets where the rewrite is a torch.compile region: its mechanism is "a compiled graph
+    # is entered inside the training step", not an operator count (op counting runs eager)
+    compiled_on: set[str] = field(default_factory=set)
 
     # ------------------------------------------------------------ interface ----
     def level_for(self, target: str) -> Level:

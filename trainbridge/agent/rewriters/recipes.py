@@ -99,12 +99,12 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     CompileRegionRecipe(
         "compile_region", "compile_region", "L4", "fusion", set(_ALL),
         "torch.compile exactly one function (one supernode's source region)", per_site=True,
-        dry_run_checkable=False),  # backend="npu" (torchair) does not exist on the CPU
+        dry_run_checkable=False, compiled_on=set(_ALL)),  # backend="npu" (torchair) does not exist on the CPU
     SoftcapCrossEntropyRecipe(
         "softcap_ce_fused", "softcap_cross_entropy", "L4", "fusion", set(_ALL),
         "fuse the tanh logit softcap with the cross-entropy (one compiled region on cpu/cuda; "
         "npu_cross_entropy_loss on npu)",
-        levels={"npu": "L2"},
+        levels={"npu": "L2"}, compiled_on={"cpu", "cuda"},
         ops_removed=["aten::tanh", "aten::div", "aten::mul", "aten::_to_copy", "aten::_log_softmax",
                      "aten::nll_loss_forward"]),
 ]}
