@@ -158,3 +158,13 @@ def test_compiled_region_on_the_step_passes(setup):
     cand = _edit(port, "    def forward(self, hidden):", "    @torch.compile(backend=\"eager\")\n    def forward(self, hidden):")
     v = _validate_compiled(setup, cand)
     assert v.passed and v.details["mechanism_confirmed"], v
+
+
+def test_a_failed_timing_run_drops_its_whole_pair(setup):
+    # The paired run-level interval compares incumbent run k with candidate run k: a lone
+    # surviving run of a broken pair would be paired with a run of another pair.
+    wl, port, _, out = setup
+    broken = _edit(port, "def main():\n", "def main():\n    raise RuntimeError('deliberate')\n")
+    inc, cand, problems = interleaved_timing(wl, "cpu", incumbent=port, candidate=broken, pairs=2, out_dir=out,
+                                             seed=1337)
+    assert inc == [] and cand == [] and len(problems) == 2 and all("dropped" in p for p in problems)

@@ -117,20 +117,28 @@ def interleaved_timing(
     workload: Workload, target: str, *, incumbent: dict[str, str], candidate: dict[str, str], pairs: int,
     out_dir: Path, seed: int, on_run=None,
 ) -> tuple[list[list[float]], list[list[float]], list[str]]:
-    """A B, B A, A B ...: separate processes, order alternating so drift cancels."""
+    """A B, B A, A B ...: separate processes, order alternating so drift cancels.
+
+    A pair with a failed run is dropped whole, so incumbent run k and candidate run k always
+    come from the same pair (the paired run-level interval in `compare` relies on it).
+    """
     inc_runs, cand_runs, problems = [], [], []
     for i in range(pairs):
         order = [("incumbent", incumbent), ("candidate", candidate)]
         if i % 2:
             order.reverse()
+        got = {}
         for label, files in order:
             r = run_workload(workload, target, out_dir=out_dir, label=label, sources=files, seed=seed)
             if on_run:
                 on_run(label, r)
             if r.status != "ok":
-                problems.append(f"{label} run {r.status}: {(r.error or '')[:300]}")
-                continue
-            (inc_runs if label == "incumbent" else cand_runs).append(r.measured_ms)
+                problems.append(f"{label} run {r.status} (pair {i + 1} dropped): {(r.error or '')[:300]}")
+                break
+            got[label] = r.measured_ms
+        if len(got) == 2:
+            inc_runs.append(got["incumbent"])
+            cand_runs.append(got["candidate"])
     return inc_runs, cand_runs, problems
 
 
