@@ -61,6 +61,16 @@ def test_compiled_graphs_are_counted_only_inside_the_steps(tmp_path):
     assert step.compiled_graphs_in_steps >= 1
 
 
+def test_step_functions_are_those_a_step_calls(tmp_path):
+    r = run_workload(_tiny(), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=1, count_ops=True)
+    assert r.status == "ok", r.error
+    assert r.step_functions["train.py:Net.forward"] == 1  # once per step
+    assert "train.py:main" not in r.step_functions  # entered before training, never called in a step
+    assert not any("torch" in k for k in r.step_functions)  # only the program's own files
+    plain = run_workload(_tiny(), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=1)
+    assert plain.step_functions is None  # recorded on the op-count step only
+
+
 def test_crashing_program_reports_why(tmp_path):
     r = run_workload(_tiny(["crash"]), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=5)
     assert r.status == "crashed"

@@ -114,3 +114,22 @@ def test_softcap_ce_not_applicable():
                "    return F.cross_entropy(z.transpose(1, 2), y)\n")
     out = RECIPES["softcap_ce_fused"].apply({"p.py": three_d}, "npu")
     assert isinstance(out, NotApplicable) and "[N, C]" in out.reason
+
+
+def test_compile_sites_a_step_never_calls_are_not_planned(tmp_path):
+    """`shrink` runs once before training: compiling it cannot make a step faster, so the
+    planner drops it from the compile candidates, on the step's recorded function calls."""
+    from trainbridge.agent.nodes import _run_in_step
+    from trainbridge.harness.runner import run_workload
+    from trainbridge.profile.analysis import analyse
+    from trainbridge.workload import load_workload
+
+    wl = load_workload(Path(__file__).parent / "fixtures" / "harness" / "tiny")
+    files = {"train.py": (wl.root / "train.py").read_text()}
+    sites = RECIPES["compile_region"].find(files, "cpu")
+    assert {"shrink", "Net.forward"} <= {s.qualname for s in sites}
+    run = run_workload(wl, "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=2, profile_steps=1,
+                       count_ops=True)
+    assert run.status == "ok", run.error
+    kept = {s.qualname for s in _run_in_step(sites, analyse(run, "tiny"))}
+    assert "Net.forward" in kept and "shrink" not in kept

@@ -230,6 +230,8 @@ class Nodes:
             sites = recipe.find(files, cfg.target, protected=fence)
             if not sites:
                 continue
+            if recipe.name == "compile_region":
+                sites = _run_in_step(sites, prof)
             for site in ({s.qualname for s in sites} if recipe.per_site else {None}):
                 pattern = site_pattern(recipe.pattern, site)
                 matching = [i for i in intents if i.get("pattern") == pattern]
@@ -417,3 +419,12 @@ class Nodes:
             return  # decided before an interruption; the checkpoint just had not caught up
         self._log(ev.CandidateDecided(**self._base(), candidate_id=cid, decision=decision, reason=reason,
                                       incumbent_speedup_vs_baseline=speed))
+
+
+def _run_in_step(sites: list, prof: ProfileReport) -> list:
+    """The compile sites a training step calls: compiling a function that only runs before
+    training (an initializer, a data builder) cannot make a step faster. Without a record of
+    the step's functions every site stays a candidate (the mechanism check still guards)."""
+    if prof.step_functions is None:
+        return sites
+    return [s for s in sites if f"{s.file}:{s.qualname}" in prof.step_functions]

@@ -59,6 +59,37 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _FunctionTracer:
+    """Counts calls of the program's own Python functions during one step.
+
+    Which functions a training step actually runs (a function that only runs before
+    training, such as a data-dependent initializer, cannot speed a step up). Keys are
+    `relative/path.py:qualname`; files outside the program folder are not recorded.
+    """
+
+    def __init__(self, root: Path):
+        self.roots = tuple({str(root) + os.sep, str(root.resolve()) + os.sep})
+        self.calls: Counter[str] = Counter()
+        self._previous = None
+
+    def _hook(self, frame, event, arg):
+        if event == "call":
+            code_ = frame.f_code
+            name = code_.co_filename
+            for root in self.roots:
+                if name.startswith(root):
+                    self.calls[f"{name[len(root):]}:{code_.co_qualname}"] += 1
+                    break
+
+    def __enter__(self):
+        self._previous = sys.getprofile()
+        sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._previous)
+
+
 def _compiled_graphs() -> int:
     """Graphs Dynamo compiled so far in this process (0 if torch.compile was never used)."""
     utils = sys.modules.get("torch._dynamo.utils")
@@ -102,6 +133,8 @@ class StepClock:
         self.op_counter: _OpCounter | None = None
         self.flop_counter = None
         self.ops_per_step: OpCount | None = None
+        self.function_tracer: _FunctionTracer | None = None
+        self.step_functions: dict[str, int] | None = None
         self.flops_per_step: int | None = None
         self.profile_ops: list[dict] | None = None
         self.graphs_at_root: int | None = None  # compiled graphs before the first training forward
@@ -253,6 +286,8 @@ class StepClock:
         elif next_phase == "count_ops":
             self.op_counter = _OpCounter()
             self.op_counter.__enter__()
+            self.function_tracer = _FunctionTracer(Path(self.req.cwd))
+            self.function_tracer.__enter__()
         elif next_phase == "count_flops":
             from .flops import flop_counter
 
@@ -270,6 +305,10 @@ class StepClock:
             c = self.op_counter.counts
             self.ops_per_step = OpCount(total=sum(c.values()), by_op=dict(c.most_common()))
             self.op_counter = None
+            if self.function_tracer is not None:
+                self.function_tracer.__exit__(None, None, None)
+                self.step_functions = dict(self.function_tracer.calls.most_common())
+                self.function_tracer = None
         if phase == "count_flops" and self.flop_counter is not None:
             self.flop_counter.__exit__(None, None, None)
             self.flops_per_step = int(self.flop_counter.get_total_flops())
@@ -293,6 +332,8 @@ class StepClock:
         self.profile_ops = rows
 
     def close(self) -> None:
+        if self.function_tracer is not None:
+            self.function_tracer.__exit__(None, None, None)
         if self.op_counter is not None:
             self.op_counter.__exit__(None, None, None)
         if self.flop_counter is not None:
@@ -403,6 +444,7 @@ def run(req: RunRequest) -> RunResult:
     result.peak_memory_mb = target.peak_memory_mb()
     result.ops_per_step = clock.ops_per_step
     result.flops_per_step = clock.flops_per_step
+    result.step_functions = clock.step_functions
     total_graphs = _compiled_graphs()
     if total_graphs:
         result.compiled_graphs_in_steps = total_graphs - (clock.graphs_at_root or 0)

@@ -99,6 +99,9 @@ class RunResult(BaseModel):
     compiled_graphs_in_steps: int | None = Field(
         None, description="torch.compile graphs first compiled after the first forward of the root module (so "
                           "inside the training steps); None when nothing was compiled at all")
+    step_functions: dict[str, int] | None = Field(
+        None, description="calls per step of the program's own functions ('file.py:qualname'), recorded on the "
+                          "op-count step; None when no op-count step ran")
     profile_trace_path: str | None = None
     profile_ops: list[dict] | None = Field(None, description="key_averages rows of the profiler window")
     program_log: list[LogLine] = Field(default_factory=list)

@@ -79,6 +79,9 @@ class ProfileReport(BaseModel):
     evidence: list[str] = Field(..., description="the numbers the verdict rests on, in words")
     peak_memory_mb: float | None = None
     environment: dict = Field(default_factory=dict)
+    step_functions: dict[str, int] | None = Field(
+        None, description="the program's functions called in one training step ('file.py:qualname' -> calls); "
+                          "None when the run recorded none")
 
 
 def summarize_steps(raw: list[float], warmup: list[float]) -> StepTimes:
@@ -173,5 +176,6 @@ def analyse(result: RunResult, workload: str, *, top: int = 15) -> ProfileReport
         op_self_ms_per_step=op_ms, outside_ops_ms_per_step=outside_ms, outside_ops_share=outside_share,
         gemm_share=gemm, elementwise_share=elem, communication_share=comm,
         device_busy_share=device_busy, mean_op_us=mean_op_us, top_ops=op_rows[:top], all_ops=op_rows,
+        step_functions=result.step_functions,
         verdict=verdict, evidence=evidence, peak_memory_mb=result.peak_memory_mb, environment=env,
     )
