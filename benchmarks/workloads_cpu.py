@@ -2,6 +2,7 @@
 
     python benchmarks/workloads_cpu.py [--minutes 6] [--budget 8] [--only nanogpt,llama]
                                        [--runs-root runs] [--out benchmarks/results]
+                                       [--reuse nanogpt=runs/<id>] [-- trainbridge run options]
 
 For each workload: the loop (port, baseline, evidence, candidates) and its end-to-end
 measurement, where the port, the final program and `torch.compile` of the port run
@@ -69,11 +70,18 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(WORKLOADS))
     ap.add_argument("--runs-root", type=Path, default=Path("runs"))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--reuse", action="append", default=[], metavar="NAME=RUN_DIR",
+                    help="take this workload's row from a finished run folder instead of running it again")
     ap.add_argument("extra", nargs="*", help="more `trainbridge run` options, after --")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
+    reuse = dict(r.split("=", 1) for r in a.reuse)
     for name in a.only.split(","):
+        if name in reuse:
+            print(f"{name}: row from {reuse[name]}", flush=True)
+            rows.append(summarize(name, Path(reuse[name])))
+            continue
         before = set(a.runs_root.glob("*")) if a.runs_root.exists() else set()
         cmd = [sys.executable, "-m", "trainbridge.cli", "run", str(ROOT / "workloads" / name), "--target", "cpu",
                "--minutes", str(a.minutes), "--budget", str(a.budget), "--runs-root", str(a.runs_root), *a.extra]

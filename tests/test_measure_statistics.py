@@ -110,6 +110,34 @@ def test_consistent_pairs_are_accepted_with_two_pairs():
     assert c.run_ci_kind == "paired" and c.decision == "accept", c.reason
 
 
+def _pairs_sharing_the_machine(speedup: float, n_pairs: int, seed: int):
+    """A B pairs where each pair ran in its own machine state (a slow stretch slows both runs),
+    as seen on the shared VM: run medians spread 0.8-1.25x, the pair's two runs move together."""
+    rng = np.random.default_rng(seed)
+    state = np.exp(rng.uniform(np.log(0.8), np.log(1.25), n_pairs))
+    inc = [list(100 * s * (1 + rng.normal(0, 0.01, 25))) for s in state]
+    cand = [list(100 / speedup * s * (1 + rng.normal(0, 0.01, 25))) for s in state]
+    return inc, cand
+
+
+def test_bootstrap_keeps_pairs_together():
+    inc, cand = _pairs_sharing_the_machine(1.15, 4, seed=21)
+    paired = compare(inc, cand)
+    unpaired = compare(inc, cand[:3] + [cand[3][:20]] + [cand[3][20:]])  # 4 vs 5 runs: no pairing
+    assert paired.boot_ci_high - paired.boot_ci_low < 0.5 * (unpaired.boot_ci_high - unpaired.boot_ci_low)
+    assert paired.decision == "accept" and unpaired.decision == "reject", (paired.reason, unpaired.reason)
+
+
+def test_paired_bootstrap_does_not_accept_the_same_program():
+    # A/A with the machine state shared inside each pair: pairing must not turn the state's
+    # spread into a gain (the false-accept rate stays at the target).
+    accepts = 0
+    for seed in range(40):
+        inc, cand = _pairs_sharing_the_machine(1.0, 3, seed=100 + seed)
+        accepts += compare(inc, cand).decision == "accept"
+    assert accepts <= 2  # <= 5% of 40
+
+
 def test_unpaired_runs_use_welch():
     c = compare(tight_runs([50.0, 49.0, 51.0], seed=5), tight_runs([40.0, 41.0], seed=6))
     assert c.run_ci_kind == "welch" and c.run_ci_low < c.speedup < c.run_ci_high

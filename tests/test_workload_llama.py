@@ -117,7 +117,7 @@ def test_generator_shifts_targets_and_cycles(tmp_path, tl, mk):
 def test_manifest_loads_and_its_args_are_valid_overrides(tl):
     m = load_workload(WORKLOAD).manifest
     assert m.name == "llama" and m.entry == "train_llama.py" and m.native_device == "cuda"
-    assert (m.steps.warmup, m.steps.measured, m.correctness.steps) == (3, 10, 8)
+    assert (m.steps.warmup, m.steps.measured, m.correctness.steps) == (3, 25, 8)
     args = tl.parse_overrides(m.args)
     assert m.work.unit == "tokens" and m.work.per_step == args.batch_size * args.seq_len
     assert args.vocab_size >= 256 and args.n_kv_head < args.n_head and args.n_head % args.n_kv_head == 0

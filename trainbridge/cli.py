@@ -302,7 +302,8 @@ def records_run(
     only: Optional[str] = typer.Option(None, help="comma-separated record numbers to run"),
     budget: int = typer.Option(3, help="most candidates per record"),
     minutes: float = typer.Option(3.0, help="loop time budget per record, in minutes"),
-    pairs: int = typer.Option(2, help="interleaved timing pairs per candidate and for the end-to-end figure"),
+    pairs: int = typer.Option(3, help="interleaved timing pairs per candidate and for the end-to-end figure "
+                                           "(2 pairs give a paired interval with one degree of freedom)"),
     baseline_runs: int = typer.Option(4, help="baseline runs per record (>= 4)"),
     shards: Optional[Path] = typer.Option(None, help="folder with train_*.bin / val_*.bin shards (default: made locally)"),
     collect: bool = typer.Option(False, "--collect/--skip-collect", help="collect GPU evidence per record (slower)"),

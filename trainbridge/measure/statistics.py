@@ -76,7 +76,7 @@ class Comparison(BaseModel):
     seed: int
     method: str = ("union of a hierarchical bootstrap (runs, then steps within runs) of the ratio of pooled "
                    "medians and a t-interval on log ratios of run medians (paired by run when paired)")
-    boot_ci_low: float | None = Field(None, description="hierarchical bootstrap interval, low end")
+    boot_ci_low: float | None = Field(None, description="hierarchical bootstrap interval (runs resampled as pairs when they pair up), low end")
     boot_ci_high: float | None = None
     run_ci_low: float | None = Field(None, description="t-interval on log run-median ratios, low end")
     run_ci_high: float | None = None
@@ -143,12 +143,17 @@ def summarize(samples_ms: Sequence[float]) -> Summary:
     )
 
 
-def hierarchical_bootstrap_medians(runs: list[np.ndarray], n_boot: int, rng: np.random.Generator) -> np.ndarray:
+def hierarchical_bootstrap_medians(runs: list[np.ndarray], n_boot: int, rng: np.random.Generator,
+                                   run_draws: np.ndarray | None = None) -> np.ndarray:
     """Medians of `n_boot` pooled resamples: runs with replacement, then steps within each run.
 
     Each resampled run keeps its own length, so runs of unequal length weigh as they did.
+    `run_draws` ([n_boot, n_runs] run indices) fixes which runs each resample takes: the same
+    draws for both arms of interleaved pairs keep each pair together (a paired bootstrap).
     """
     n_runs = len(runs)
+    if run_draws is not None and run_draws.shape != (n_boot, n_runs):
+        raise ValueError(f"run_draws shape {run_draws.shape} != {(n_boot, n_runs)}")
     lengths = np.array([r.size for r in runs])
     width = int(lengths.max())
     padded = np.full((n_runs, width), np.nan)
@@ -159,7 +164,7 @@ def hierarchical_bootstrap_medians(runs: list[np.ndarray], n_boot: int, rng: np.
     out = np.empty(n_boot)
     for start in range(0, n_boot, chunk):
         b = min(chunk, n_boot - start)
-        run_idx = rng.integers(0, n_runs, size=(b, n_runs))
+        run_idx = rng.integers(0, n_runs, size=(b, n_runs)) if run_draws is None else run_draws[start : start + b]
         if equal:
             step_idx = rng.integers(0, width, size=(b, n_runs, width))
             vals = padded[run_idx[..., None], step_idx].reshape(b, -1)
@@ -231,7 +236,11 @@ def compare(
     speedup = med_inc / med_cand
 
     rng = np.random.default_rng(seed)
-    ratios = hierarchical_bootstrap_medians(inc, n_boot, rng) / hierarchical_bootstrap_medians(cand, n_boot, rng)
+    # Equal run counts are interleaved pairs (timing drops a pair whose run failed): resample
+    # pairs, so a slow stretch of the machine that hit both runs of a pair stays in one draw.
+    draws = rng.integers(0, len(inc), size=(n_boot, len(inc))) if len(inc) == len(cand) else None
+    ratios = hierarchical_bootstrap_medians(inc, n_boot, rng, draws) / \
+        hierarchical_bootstrap_medians(cand, n_boot, rng, draws)
     alpha = 1.0 - confidence
     boot_low, boot_high = (float(v) for v in np.percentile(ratios, [100 * alpha / 2, 100 * (1 - alpha / 2)]))
     run_ci = run_level_interval([np.median(r) for r in inc], [np.median(r) for r in cand], confidence)

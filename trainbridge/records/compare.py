@@ -125,7 +125,7 @@ def _row_from_run(row: RecordResult, run_dir: Path) -> RecordResult:
 
 def run_records(index: RecordIndex, out: Path, *, target: str, repo_root: Path,
                 overrides: dict[str, object] | None = None, shards: Path | None = None,
-                budget_candidates: int = 4, budget_minutes: float = 4.0, timing_pairs: int = 2,
+                budget_candidates: int = 4, budget_minutes: float = 4.0, timing_pairs: int = 3,
                 baseline_runs: int = 4, collect: bool = False, only: set[int] | None = None,
                 reporter=None, on_record=None) -> list[RecordResult]:
     """Every record through the loop; results are written after each one (a crash keeps them)."""
