@@ -155,12 +155,12 @@ def test_shipped_series_extracts_in_record_order_with_current_sources():
 
 
 def test_records_run_end_to_end_on_one_record(tmp_path):
-    out = tmp_path / "out"
+    out = tmp_path / "out"  # given relative, as a user types it: the shards' path must still resolve
     proc = subprocess.run(
         [sys.executable, "-m", "trainbridge.cli", "records", "run", str(SERIES_LOGS), "--only", "5",
          "--set", "layers=2", "--set", "width=64", "--set", "heads=2", "--set", "seq=64", "--set", "batch=4",
-         "--budget", "1", "--minutes", "1", "--pairs", "2", "--baseline-runs", "4", "--out", str(out)],
-        capture_output=True, text=True, timeout=900)
+         "--budget", "1", "--minutes", "1", "--pairs", "2", "--baseline-runs", "4", "--out", "out"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.loads((out / "records_results.json").read_text())
     assert [r["num"] for r in rows] == [5]

@@ -129,9 +129,10 @@ def run_records(index: RecordIndex, out: Path, *, target: str, repo_root: Path,
                 baseline_runs: int = 4, collect: bool = False, only: set[int] | None = None,
                 reporter=None, on_record=None) -> list[RecordResult]:
     """Every record through the loop; results are written after each one (a crash keeps them)."""
+    out = Path(out).resolve()  # programs run from their own folders: every path they get is absolute
     out.mkdir(parents=True, exist_ok=True)
     overrides = {**CPU_DEFAULTS, **(overrides or {})}
-    shards = shards or make_shards(out / "data", repo_root)
+    shards = Path(shards).resolve() if shards else make_shards(out / "data", repo_root)
     results: list[RecordResult] = []
     for entry in index.records:
         if only and entry.num not in only:
