@@ -1,20 +1,26 @@
 """`trainbridge run --target npu --dry-run` on nanogpt: npu rewrites validated against the
-torch_npu references on the CPU, recorded as validated-not-measured, never as speedups."""
+torch_npu references on the CPU, recorded as validated-not-measured, never as speedups.
+
+The program is nanogpt's own, on the tiny configuration (tests/small_workloads.py): a dry
+run validates every candidate with an 8-step run, and the shipped size spends minutes there."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 from trainbridge.ledger import models as ev
 from trainbridge.ledger.store import Ledger
 
-NANOGPT = Path(__file__).resolve().parents[1] / "workloads" / "nanogpt"
+try:
+    from small_workloads import small_nanogpt
+except ImportError:
+    from tests.small_workloads import small_nanogpt
 
 
 def test_nanogpt_npu_dry_run(tmp_path):
     runs = tmp_path / "runs"
+    work = small_nanogpt(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "trainbridge.cli", "run", str(NANOGPT), "--target", "npu", "--dry-run", "--skip-collect",
+        [sys.executable, "-m", "trainbridge.cli", "run", str(work), "--target", "npu", "--dry-run", "--skip-collect",
          "--budget", "6", "--runs-root", str(runs)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = next(runs.iterdir())
