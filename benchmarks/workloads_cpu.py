@@ -20,11 +20,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trainbridge.ledger import models as ev  # noqa: E402
 from trainbridge.ledger.store import Ledger  # noqa: E402
+from trainbridge.targets.capabilities import cpu_signature  # noqa: E402
 
 WORKLOADS = ("nanogpt", "llama", "cifar_resnet", "clip")
 
@@ -60,6 +63,7 @@ def table(rows: list[dict]) -> str:
     if speedups:
         out.append(f"\nGeometric mean of final vs port over {len(speedups)} workloads: "
                    f"{statistics.geometric_mean(speedups):.2f}x.")
+    out.append(f"\nMachine: {cpu_signature()}; torch {torch.__version__}.")
     return "\n".join(out)
 
 

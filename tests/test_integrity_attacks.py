@@ -160,6 +160,36 @@ def test_compiled_region_on_the_step_passes(setup):
     assert v.passed and v.details["mechanism_confirmed"], v
 
 
+def _validate_precision(setup, candidate, direction):
+    wl, port, ref, out = setup
+    verdict, _ = validate(wl, "cpu", original=port, candidate=candidate, changed=[FILE], baseline_ref=ref,
+                          out_dir=out, seed=1337, low_precision=True, ops_removed=[], gemm_precision=direction)
+    return verdict
+
+
+def test_precision_change_that_reaches_no_gemm_is_refused_before_timing(setup):
+    # An "autocast on the target" whose region encloses no matmul: same work in fp32, so any
+    # timing difference could only be noise. The GEMM dtypes of the op count say so.
+    _, port, _, _ = setup
+    cand = _edit(port, 'with torch.autocast(device_type="cuda", dtype=torch.bfloat16):',
+                 'with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=False):')
+    v = _validate_precision(setup, cand, "lower")
+    assert not v.passed and v.stage == "mechanism" and "16-bit GEMM/convolution ops per step 0/" in v.reason, v
+
+
+def test_autocast_on_the_target_moves_the_gemms_to_bf16(setup):
+    _, port, ref, _ = setup
+    cand = _edit(port, 'with torch.autocast(device_type="cuda", dtype=torch.bfloat16):',
+                 'with torch.autocast(device_type="cpu", dtype=torch.bfloat16):')
+    v = _validate_precision(setup, cand, "lower")
+    assert v.passed and v.details["mechanism_confirmed"], v
+    n = sum(ref.ops_per_step.gemm_by_dtype.values())
+    assert n > 0 and ref.ops_per_step.gemm_by_dtype == {"float32": n}
+    # the same program claimed as a move *to* fp32 is refused: its 16-bit GEMMs did not fall
+    v = _validate_precision(setup, cand, "higher")
+    assert not v.passed and v.stage == "mechanism", v
+
+
 def test_a_failed_timing_run_drops_its_whole_pair(setup):
     # The paired run-level interval compares incumbent run k with candidate run k: a lone
     # surviving run of a broken pair would be paired with a run of another pair.

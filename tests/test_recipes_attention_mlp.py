@@ -107,6 +107,65 @@ def test_attention_not_applicable_reasons():
     assert isinstance(out, NotApplicable) and "no hand-written" in out.reason
 
 
+CLIP_STYLE = """import torch
+import torch.nn.functional as F
+
+
+def attn_optional(q, k, v, scale, mask=None):
+    att = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        att = att + mask
+    att = att.softmax(dim=-1)
+    return att @ v
+
+
+def attn_full(q, k, v):
+    s = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+    return torch.softmax(s, dim=-1) @ v
+
+
+def attn_optional_scores_kept(q, k, v, mask=None):
+    att = q @ k.transpose(-2, -1)
+    if mask is not None:
+        att = att + mask
+    raw = att
+    att = att.softmax(dim=-1)
+    return att @ v, raw
+"""
+
+
+def test_attention_optional_additive_mask_and_full_attention_compute_the_same():
+    """A CLIP/ViT tower: `if mask is not None: att = att + mask`, and attention with no mask."""
+    new, out = _apply("sdpa_attention", CLIP_STYLE, "cpu")
+    kinds = {s.qualname: s.detail["mask"] for s in out.sites}
+    assert kinds == {"attn_optional": "explicit optional additive: mask", "attn_full": "none (full attention)"}
+    assert "if mask is not None" in new.split("def attn_optional_scores_kept")[1]  # the kept scores stay eager
+    assert "if mask is not None" not in new.split("def attn_full")[0]  # the optional `if` is gone
+    assert "attn_mask=mask" in new and "is_causal" not in new
+    a, b = kit.load(CLIP_STYLE), kit.load(new)
+    q, k, v = _qkv()
+    causal = torch.full((8, 8), float("-inf")).triu(1)
+    for mask in (None, causal):
+        kit.assert_close_and_aligned(_run(a["attn_optional"], q, k, v, 0.3, mask),
+                                     _run(b["attn_optional"], q, k, v, 0.3, mask))
+    kit.assert_close_and_aligned(_run(a["attn_full"], q, k, v), _run(b["attn_full"], q, k, v))
+
+
+@pytest.mark.parametrize("npu", kit.NPU_KINDS)
+def test_attention_full_on_npu_and_additive_mask_refused(npu):
+    new, out = _apply("sdpa_attention", CLIP_STYLE, "npu")
+    assert [s.qualname for s in out.sites] == ["attn_full"]
+    assert 'npu_fusion_attention(q, k, v, q.size(1), "BNSD", scale=' in new and "atten_mask" not in new
+    a = kit.load(CLIP_STYLE)
+    q, k, v = _qkv()
+    with kit.fake_npu(npu):
+        b = kit.load(new)
+        kit.assert_close_and_aligned(_run(a["attn_full"], q, k, v), _run(b["attn_full"], q, k, v))
+    only_optional = CLIP_STYLE.split("def attn_full")[0]
+    refused = RECIPES["sdpa_attention"].apply({"p.py": only_optional}, "npu")
+    assert isinstance(refused, NotApplicable) and "bool masks only" in refused.reason
+
+
 # ------------------------------------------------------------------- relu^2 ----
 
 RELU2 = {

@@ -159,7 +159,8 @@ def test_records_run_end_to_end_on_one_record(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "trainbridge.cli", "records", "run", str(SERIES_LOGS), "--only", "5",
          "--set", "layers=2", "--set", "width=64", "--set", "heads=2", "--set", "seq=64", "--set", "batch=4",
-         "--budget", "1", "--minutes", "1", "--pairs", "2", "--baseline-runs", "4", "--out", "out"],
+         "--budget", "1", "--minutes", "1", "--pairs", "2", "--baseline-runs", "4", "--min-run-s", "0.5",
+         "--out", "out"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.loads((out / "records_results.json").read_text())
@@ -174,3 +175,6 @@ def test_records_run_end_to_end_on_one_record(tmp_path):
     assert (out / "records_speedup.png").stat().st_size > 1000
     workload = out / "workloads" / "2024-10-14_ModernArch"
     assert "n_layer: int = 2" in (workload / "train_gpt.py").read_text()
+    # the probe run sized the timing runs: >= 8 steps, as many as half a second needs
+    manifest = (workload / "trainbridge.toml").read_text()
+    assert row["measured_steps"] >= 8 and f"measured = {row['measured_steps']}  # sized by a probe run" in manifest

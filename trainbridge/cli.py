@@ -307,6 +307,8 @@ def records_run(
     baseline_runs: int = typer.Option(4, help="baseline runs per record (>= 4)"),
     shards: Optional[Path] = typer.Option(None, help="folder with train_*.bin / val_*.bin shards (default: made locally)"),
     collect: bool = typer.Option(False, "--collect/--skip-collect", help="collect GPU evidence per record (slower)"),
+    min_run_s: float = typer.Option(4.0, help="size each record's measured steps so one timing run lasts this long "
+                                              "(a probe run gives the step time; 0 keeps 8 steps)"),
 ) -> None:
     """Port, scale and optimize each record; write the comparison table and plot."""
     import datetime as dt
@@ -332,7 +334,7 @@ def records_run(
         results = run_records(index, out, target=target, repo_root=REPO_ROOT, overrides=_parse_sets(sets),
                               shards=shards, budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs,
                               baseline_runs=baseline_runs, collect=collect, only=wanted, reporter=reporter,
-                              on_record=announce)
+                              on_record=announce, min_run_s=min_run_s)
     console.print((out / "records_table.md").read_text())
     console.print(f"wrote {out / 'records_table.md'}, {out / 'records_results.json'}, {out / 'records_speedup.png'}")
     if not any(r.status == "measured" for r in results):

@@ -46,14 +46,16 @@ def _parses(files: dict[str, str], changed: list[str]) -> str | None:
 
 
 def mechanism_check(reference: RunResult, candidate: RunResult, ops: list[str], *,
-                    compiled_region: bool = False) -> tuple[bool, str]:
+                    compiled_region: bool = False, gemm_precision: str | None = None) -> tuple[bool, str]:
     """Whether the change did what its hypothesis said: the named operators fell in the per-step
     dispatcher count, or (a torch.compile region) a compiled graph was entered in the steps.
 
     Op counting runs the program eager (Dynamo steps aside under a dispatch mode), so a
     compiled region is checked by Dynamo's graph count instead: a graph first compiled after
     the first forward of the training model lies on the step's path; one compiled before it
-    (an initialisation function, say) cannot make a step faster.
+    (an initialisation function, say) cannot make a step faster. A precision change is checked
+    by the dtypes the step's GEMMs and convolutions ran in: an autocast that never reaches the
+    model's matmuls (wrong device, a region that encloses no layer) moves none of them.
     """
     if compiled_region:
         n = candidate.compiled_graphs_in_steps
@@ -61,6 +63,8 @@ def mechanism_check(reference: RunResult, candidate: RunResult, ops: list[str], 
             return False, ("no torch.compile graph was entered inside the training steps "
                            f"({'nothing compiled at all' if n is None else 'only before the first forward'})")
         return True, f"{n} compiled graph(s) entered inside the training steps"
+    if gemm_precision and reference.ops_per_step is not None and candidate.ops_per_step is not None:
+        return _gemm_precision_check(reference, candidate, gemm_precision)
     if not ops or reference.ops_per_step is None or candidate.ops_per_step is None:
         return True, "no operator-level prediction to check"
     def count(r: RunResult) -> int:
@@ -72,11 +76,25 @@ def mechanism_check(reference: RunResult, candidate: RunResult, ops: list[str], 
     return fell, (f"named operators per step {before} -> {after}; all ATen ops per step {total_b} -> {total_a}")
 
 
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def _gemm_precision_check(reference: RunResult, candidate: RunResult, direction: str) -> tuple[bool, str]:
+    """'lower': more of the step's GEMM/convolution ops run in a 16-bit dtype; 'higher': fewer."""
+    def half(r: RunResult) -> tuple[int, int]:
+        by = r.ops_per_step.gemm_by_dtype
+        return sum(by.get(d, 0) for d in HALF_DTYPES), sum(by.values())
+
+    (hb, tb), (ha, ta) = half(reference), half(candidate)
+    note = f"16-bit GEMM/convolution ops per step {hb}/{tb} -> {ha}/{ta}"
+    return (ha > hb if direction == "lower" else ha < hb), note
+
+
 def validate(
     workload: Workload, target: str, *, original: dict[str, str], candidate: dict[str, str],
     changed: list[str], baseline_ref: RunResult, out_dir: Path, seed: int, low_precision: bool,
     ops_removed: list[str], incumbent_ref: RunResult | None = None, npu_reference: bool = False,
-    compiled_region: bool = False,
+    compiled_region: bool = False, gemm_precision: str | None = None,
 ) -> tuple[Validation, RunResult | None]:
     from .guard import check_candidate
 
@@ -102,7 +120,8 @@ def validate(
     work = check_work(baseline_ref, run)
     if not work.passed:
         return Validation(passed=False, stage="work", reason=work.reason), run
-    fell, note = mechanism_check(incumbent_ref or baseline_ref, run, ops_removed, compiled_region=compiled_region)
+    fell, note = mechanism_check(incumbent_ref or baseline_ref, run, ops_removed, compiled_region=compiled_region,
+                                 gemm_precision=gemm_precision)
     if not fell and not npu_reference:
         # (A dry run's torch_npu references are written in ATen ops, so counts cannot fall there.)
         # The method: verify the mechanism before the objective. Timing a change that did not

@@ -22,9 +22,10 @@ from ..measure.statistics import calibrate_aa, compare
 from ..profile.analysis import ProfileReport, analyse
 from ..workload import Workload
 from .evaluate import interleaved_timing, reference_run, validate
-from .planner import PlanItem, make_item, rank, site_pattern
+from .planner import PlanItem, candidate_hypothesis, make_item, rank, site_pattern
 from .rewriters.recipe_base import off_limits
 from .rewriters.base import Declined, Proposal
+from .rewriters.llm import lowers_precision
 from .state import RunConfig, RunPaths, RunState, read_program, write_program
 
 
@@ -288,7 +289,7 @@ class Nodes:
         self._log(ev.CandidateProposed(
             **self._base(), candidate_id=cur["id"], intent_id=item.intent_id, pattern=item.pattern,
             level=item.level, gap_class=item.gap_class, source=proposal.source, mechanism=proposal.mechanism,
-            hypothesis=item.hypothesis.model_dump(), diff=diff, files=proposal.changed_files,
+            hypothesis=self._hypothesis(item, proposal, incumbent).model_dump(), diff=diff, files=proposal.changed_files,
             incumbent=state.get("incumbent_id", "port"),
             llm=[x.model_dump(mode="json") for x in getattr(ctx.rewriter, "transcript", [])[seen:]],
         ))
@@ -315,11 +316,12 @@ class Nodes:
         if inc_ref_path.exists():
             incumbent_ref = RunResult.model_validate_json(inc_ref_path.read_text())
         low = bool(cur.get("low_precision")) or bool(state.get("low_precision"))
+        hyp = self._hypothesis(item, proposal, read_program(Path(state["incumbent_dir"])))
         verdict, run = validate(
             ctx.workload, cfg.target, original=original, candidate=proposal.files,
             changed=proposal.changed_files, baseline_ref=self._baseline_ref(), out_dir=cdir / "harness",
-            seed=cfg.seed, low_precision=low, ops_removed=item.hypothesis.ops_removed,
-            compiled_region=item.hypothesis.compiled_region,
+            seed=cfg.seed, low_precision=low, ops_removed=hyp.ops_removed,
+            compiled_region=hyp.compiled_region, gemm_precision=hyp.gemm_precision,
             incumbent_ref=incumbent_ref, npu_reference=cfg.dry_run,
         )
         if run is not None:
@@ -407,6 +409,11 @@ class Nodes:
 
         self.ctx.report("report")
         return final_report(self.ctx, state)
+
+    def _hypothesis(self, item: PlanItem, proposal: Proposal, incumbent: dict[str, str]):
+        """The mechanism this candidate's own change claims (planner.candidate_hypothesis)."""
+        return candidate_hypothesis(item, proposal.source, self.cfg.target, ops_claimed=proposal.ops_removed,
+                                    lowers_precision=lowers_precision(incumbent, proposal.files))
 
     # --------------------------------------------------------------- ledger ----
     def _reject(self, cid: str, stage: str, reason: str) -> None:

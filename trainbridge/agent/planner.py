@@ -8,6 +8,8 @@ disappear, the predicted saving, and the result that would reject it.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from ..profile.analysis import ProfileReport
@@ -44,6 +46,9 @@ class Hypothesis(BaseModel):
     ops_removed: list[str] = Field(..., description="operators expected to disappear or shrink")
     compiled_region: bool = Field(False, description="the change is a torch.compile region: a compiled graph must "
                                                      "be entered inside the training step")
+    gemm_precision: Literal["lower", "higher"] | None = Field(
+        None, description="a precision change: more ('lower') or fewer ('higher') of the step's GEMM/convolution "
+                          "ops must run in a 16-bit dtype")
     predicted_saving_ms: float
     predicted_saving_pct: float
     reject_if: str
@@ -100,16 +105,20 @@ def make_item(recipe, profile: ProfileReport, *, intent: dict | None, min_effect
     level = (intent or {}).get("level") or recipe.level
     pct = 100 * saving / step if step else 0.0
     compiled = target in getattr(recipe, "compiled_on", ())
+    precision = getattr(recipe, "gemm_precision", None)
+    if compiled:
+        mechanism = "no compiled graph is entered inside the training step"
+    elif precision:
+        mechanism = ("the step's GEMM/convolution ops do not move to a 16-bit dtype" if precision == "lower"
+                     else "fewer of the step's GEMM/convolution ops run in a 16-bit dtype")
+    else:
+        mechanism = "the named operators' per-step count does not fall"
     hyp = Hypothesis(
-        ops_removed=[] if compiled else list(ops), compiled_region=compiled,
+        ops_removed=[] if compiled or precision else list(ops), compiled_region=compiled, gemm_precision=precision,
         predicted_saving_ms=round(saving, 3),
         predicted_saving_pct=round(pct, 2),
-        reject_if=(
-            f"the speedup's {int(100 * 0.95)}% CI does not clear {1 + min_effect:.2f}x, or "
-            + ("no compiled graph is entered inside the training step" if compiled
-               else "the named operators' per-step count does not fall")
-            + ", or the loss trajectory leaves tolerance"
-        ),
+        reject_if=(f"the speedup's {int(100 * 0.95)}% CI does not clear {1 + min_effect:.2f}x, or {mechanism}, "
+                   "or the loss trajectory leaves tolerance"),
     )
     return PlanItem(
         key=recipe.name + (f":{site}" if site else ""),
@@ -117,6 +126,32 @@ def make_item(recipe, profile: ProfileReport, *, intent: dict | None, min_effect
         intent_id=(intent or {}).get("id"), intent_summary=(intent or {}).get("summary", ""),
         confidence=conf, score=saving * conf / LEVEL_COST.get(level, 2.0), hypothesis=hyp,
     )
+
+
+def candidate_hypothesis(item: PlanItem, source: str, target: str, *, ops_claimed: list[str] = (),
+                         lowers_precision: bool = False) -> Hypothesis:
+    """The mechanism a candidate is checked against: the one its *own* change claims.
+
+    A recipe candidate carries its plan item's hypothesis. A model may realise an item with
+    another recipe (`llm:<model>+recipe:<name>`): that recipe's mechanism is checked (an SDPA
+    candidate proposed for a precision item moves no GEMM to bf16, and must not be asked to).
+    A model's own edit is checked against the operators the model said it removes, and against
+    the GEMM dtypes only when it changed precision.
+    """
+    from .rewriters.recipes import RECIPES
+
+    h = item.hypothesis
+    name = source.rpartition("recipe:")[2] if "recipe:" in source else None
+    if name == item.recipe:
+        return h
+    if name is None:
+        return h.model_copy(update={"ops_removed": list(ops_claimed) or h.ops_removed,
+                                    "gemm_precision": h.gemm_precision if lowers_precision else None})
+    recipe = RECIPES[name]
+    compiled = target in recipe.compiled_on
+    precision = recipe.gemm_precision
+    ops = [] if compiled or precision else list(ops_claimed) or list(PATTERN_OPS.get(recipe.pattern, ((), 0))[0])
+    return h.model_copy(update={"ops_removed": ops, "compiled_region": compiled, "gemm_precision": precision})
 
 
 def rank(items: list[PlanItem]) -> list[PlanItem]:

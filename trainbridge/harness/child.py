@@ -45,17 +45,28 @@ class HarnessStop(BaseException):
     `except Exception` cannot swallow it."""
 
 
+# The matrix-unit ops: a precision change (autocast, a cast to fp32) shows in their dtypes.
+GEMM_OPS = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution",
+                      "aten.convolution_backward", "aten._convolution", "aten.mkldnn_convolution"})
+
+
 class _OpCounter(TorchDispatchMode):
-    """Counts ATen ops reaching the dispatcher: the eager 'operators launched' per step."""
+    """Counts ATen ops reaching the dispatcher: the eager 'operators launched' per step, and the
+    GEMM/convolution ops by input dtype."""
 
     def __init__(self):
         super().__init__()
         self.counts: Counter[str] = Counter()
+        self.gemm_dtypes: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket)
         if not name.startswith("profiler."):  # record_function markers are not kernels
             self.counts[name] += 1
+            if name in GEMM_OPS:
+                first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+                if first is not None:
+                    self.gemm_dtypes[str(first.dtype).removeprefix("torch.")] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -303,7 +314,8 @@ class StepClock:
         if phase == "count_ops" and self.op_counter is not None:
             self.op_counter.__exit__(None, None, None)
             c = self.op_counter.counts
-            self.ops_per_step = OpCount(total=sum(c.values()), by_op=dict(c.most_common()))
+            self.ops_per_step = OpCount(total=sum(c.values()), by_op=dict(c.most_common()),
+                                        gemm_by_dtype=dict(self.op_counter.gemm_dtypes.most_common()))
             self.op_counter = None
             if self.function_tracer is not None:
                 self.function_tracer.__exit__(None, None, None)
@@ -370,6 +382,7 @@ def _environment(req: RunRequest, target) -> Environment:
         target=req.target,
         device_name=("torch_npu reference (CPU): not an NPU measurement" if req.npu_reference else target.device_name()),
         cpu_model=__import__("trainbridge.targets.base", fromlist=["cpu_model"]).cpu_model(),
+        cpu_signature=__import__("trainbridge.targets.capabilities", fromlist=["cpu_signature"]).cpu_signature(),
         torch_threads=torch.get_num_threads(),
         interop_threads=torch.get_num_interop_threads(),
         hostname=socket.gethostname(),

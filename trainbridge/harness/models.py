@@ -63,6 +63,8 @@ class Environment(BaseModel):
     target: TargetName
     device_name: str
     cpu_model: str
+    cpu_signature: str | None = Field(None, description="model, family/model numbers, cores and bf16 units of the CPU "
+                                                        "(targets/capabilities.py): which precision recipes apply")
     torch_threads: int
     interop_threads: int
     hostname: str
@@ -73,6 +75,9 @@ class Environment(BaseModel):
 class OpCount(BaseModel):
     total: int
     by_op: dict[str, int]
+    gemm_by_dtype: dict[str, int] = Field(
+        default_factory=dict, description="GEMM and convolution ops (forward and backward) per step by the dtype "
+                                          "of their first tensor input: where a precision change shows")
 
 
 class LogLine(BaseModel):

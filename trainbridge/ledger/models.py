@@ -62,6 +62,8 @@ class HypothesisRecord(_Strict):
     ops_removed: list[str] = Field(default_factory=list)
     compiled_region: bool = Field(False, description="a torch.compile region: a compiled graph must be entered "
                                                      "inside the training step")
+    gemm_precision: Literal["lower", "higher"] | None = Field(
+        None, description="a precision change: more ('lower') or fewer ('higher') GEMM/convolution ops in 16-bit")
     predicted_saving_ms: float
     predicted_saving_pct: float
     reject_if: str

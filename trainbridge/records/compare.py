@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from ..agent.run import new_run_id, start_run
 from ..agent.state import RunConfig
 from ..ledger import models as ev
 from ..ledger.store import Ledger
+from ..targets.capabilities import cpu_signature
 from .models import RecordEntry, RecordIndex
 from .scale import CPU_DEFAULTS, ScaleResult, expand, scale_script
 
@@ -53,6 +55,9 @@ class RecordResult(BaseModel):
     runs: int | None = Field(None, description="process runs per arm in the end-to-end measurement")
     accepted: list[str] = Field(default_factory=list, description="accepted rewrites (recipe or model source)")
     rejected: int = 0
+    measured_steps: int | None = Field(None, description="measured steps per timing run (sized by a probe run)")
+    machine: str | None = Field(None, description="the CPU the row was measured on (its bf16 units decide which "
+                                                  "precision recipes apply)")
 
 
 def _defined_symbols(source: str) -> set[str]:
@@ -103,6 +108,37 @@ def write_workload(entry: RecordEntry, dest: Path, overrides: dict[str, object],
     return scaled
 
 
+# A timing run of a record should last this long: host noise on shared machines comes in
+# bursts of seconds, and a run median over a fraction of a second lands inside one burst.
+MIN_RUN_S = 4.0
+MAX_MEASURED = 60
+
+
+def size_measured_steps(dest: Path, target: str, *, min_run_s: float = MIN_RUN_S, measured: int = 8,
+                        probe_steps: int = 3) -> int:
+    """Measured steps per timing run, so that one run of the scaled port lasts `min_run_s`.
+
+    The scaled records run from ~50 ms to seconds a step depending on the record and the
+    CPU (bf16 units or not), so a fixed count either wastes the budget or times a fraction
+    of a second. One short probe run of the port gives the step time; the manifest is
+    rewritten with the count (never below `measured`, at most MAX_MEASURED).
+    """
+    from ..harness.runner import run_workload
+    from ..workload import load_workload
+
+    probe = run_workload(load_workload(dest), target, out_dir=dest.parent.parent / "probe" / dest.name,
+                         label="probe", warmup_steps=1, measured_steps=probe_steps)
+    if probe.status != "ok" or not probe.measured_ms:
+        return measured
+    step_s = statistics.median(probe.measured_ms) / 1e3
+    steps = min(MAX_MEASURED, max(measured, math.ceil(min_run_s / step_s)))
+    path = dest / "trainbridge.toml"
+    path.write_text(path.read_text().replace(f"measured = {measured}\n",
+                                             f"measured = {steps}  # sized by a probe run: "
+                                             f"{step_s * 1e3:.0f} ms a step, runs of >= {min_run_s:g} s\n", 1))
+    return steps
+
+
 def _row_from_run(row: RecordResult, run_dir: Path) -> RecordResult:
     e2e = json.loads((run_dir / "end_to_end.json").read_text()) if (run_dir / "end_to_end.json").exists() else {}
     fvp = e2e.get("final_vs_port")
@@ -127,6 +163,7 @@ def run_records(index: RecordIndex, out: Path, *, target: str, repo_root: Path,
                 overrides: dict[str, object] | None = None, shards: Path | None = None,
                 budget_candidates: int = 4, budget_minutes: float = 4.0, timing_pairs: int = 3,
                 baseline_runs: int = 4, collect: bool = False, only: set[int] | None = None,
+                min_run_s: float = MIN_RUN_S,
                 reporter=None, on_record=None) -> list[RecordResult]:
     """Every record through the loop; results are written after each one (a crash keeps them)."""
     out = Path(out).resolve()  # programs run from their own folders: every path they get is absolute
@@ -139,7 +176,8 @@ def run_records(index: RecordIndex, out: Path, *, target: str, repo_root: Path,
             continue
         row = RecordResult(key=entry.key, num=entry.num, name=entry.name, readme_time=entry.readme_time,
                            reference_train_time_ms=entry.reference_train_time_ms,
-                           reference_step_avg_ms=entry.reference_step_avg_ms, status="skipped")
+                           reference_step_avg_ms=entry.reference_step_avg_ms, status="skipped",
+                           machine=cpu_signature() if target == "cpu" else None)
         if not entry.script:
             row.reason = entry.no_script_reason or "no script"
         else:
@@ -148,6 +186,9 @@ def run_records(index: RecordIndex, out: Path, *, target: str, repo_root: Path,
             try:
                 scaled = write_workload(entry, out / "workloads" / entry.key, overrides, shards)
                 row.scaled, row.unmatched_overrides = scaled.applied, scaled.unmatched
+                if min_run_s > 0:
+                    row.measured_steps = size_measured_steps(out / "workloads" / entry.key, target,
+                                                             min_run_s=min_run_s)
                 cfg = RunConfig(run_id=new_run_id(f"record-{entry.key}", target), workload=str(out / "workloads" / entry.key),
                                 target=target, budget_candidates=budget_candidates, budget_minutes=budget_minutes,
                                 timing_pairs=timing_pairs, baseline_runs=baseline_runs, collect=collect,
@@ -183,6 +224,9 @@ def table_md(results: list[RecordResult]) -> str:
     if measured:
         rows.append(f"\nGeometric mean speedup over {len(measured)} records: "
                     f"{statistics.geometric_mean(measured):.2f}x (per-record ranges in the table).")
+    machines = sorted({r.machine for r in results if r.machine and r.status == "measured"})
+    if machines:
+        rows.append(f"\nMachine: {'; '.join(machines)}.")
     return "\n".join(rows)
 
 

@@ -28,6 +28,27 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def cpu_signature() -> str:
+    """The CPU as the figures depend on it: model, family/model numbers, cores, bf16 units.
+
+    "AMD EPYC" names several generations; whether bf16 GEMMs are native (AVX512-BF16/AMX)
+    decides which precision recipes apply, so every measured table says which it was.
+    """
+    from .base import cpu_model
+
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    family = f", family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields and "model" in fields else ""
+    units = sorted(cpu_flags() & _BF16_CPU_FLAGS)
+    bf16 = f"bf16 math units ({', '.join(units)})" if units else "no bf16 math units (bf16 GEMMs emulated)"
+    return f"{cpu_model()}{family}, {os.cpu_count()} cores, {bf16}"
+
+
 def fast_bf16(target: str) -> bool:
     """Whether bf16 GEMMs on `target` are at least as fast as fp32 ones."""
     forced = os.environ.get("TRAINBRIDGE_FAST_BF16")

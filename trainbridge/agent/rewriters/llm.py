@@ -685,7 +685,7 @@ class LLMRewriter:
             mechanism = answer.mechanism or f"{item.pattern}: {answer.intent_addressed}"
             source = f"llm:{self.model}"
             description = ""
-            low = item.pattern == "precision" or _lowers_precision(incumbent, new)
+            low = item.pattern == "precision" or lowers_precision(incumbent, new)
             ops = list(answer.hypothesis.ops_removed)
         else:
             return Declined(reason=f"llm:{self.model} proposed no change: {answer.intent_addressed}")
@@ -840,7 +840,7 @@ _PRECISION = re.compile(r"bfloat16|float16|\.half\(|allow_tf32|allow_hf32|allow_
                         r"set_float32_matmul_precision|autocast")
 
 
-def _lowers_precision(before: dict[str, str], after: dict[str, str]) -> bool:
+def lowers_precision(before: dict[str, str], after: dict[str, str]) -> bool:
     """The edits add a line that lowers math precision (bf16/fp16 casts, autocast, TF32/HF32)."""
     for rel in after:
         a, b = before.get(rel, "").splitlines(), after[rel].splitlines()

@@ -79,6 +79,9 @@ class Recipe:
     # targets where the rewrite is a torch.compile region: its mechanism is "a compiled graph
     # is entered inside the training step", not an operator count (op counting runs eager)
     compiled_on: set[str] = field(default_factory=set)
+    # a precision change: its mechanism is "the step's GEMMs/convolutions run in 16-bit"
+    # ("lower") or "fewer of them do" ("higher"), read from the op count's dtypes
+    gemm_precision: str | None = None
 
     # ------------------------------------------------------------ interface ----
     def level_for(self, target: str) -> Level:

@@ -62,13 +62,14 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         notes=["HF32 lowers fp32 matmul precision: the low-precision loss tolerance applies"]),
     AutocastRecipe(
         "autocast_reapply", "precision", "L0", "porting_artifact", set(_ALL),
-        "point the program's 16-bit autocast at the target device (the port left it on another device, a no-op)"),
+        "point the program's 16-bit autocast at the target device (the port left it on another device, a no-op)",
+        gemm_precision="lower"),
     Fp32WhereBf16IsSlowRecipe(
         "fp32_where_bf16_slow", "precision", "L0", "porting_artifact", {"cpu"},
         "run one function's explicit bf16 casts and bf16 buffers in fp32 on a target without bf16 math units",
         per_site=True, unsupported={"cuda": "bf16 is native on the GPUs the programs target",
                                     "npu": "bf16 is native on Atlas A2 (910B); 910A is not a supported target"},
-        ops_removed=["aten::_to_copy"]),
+        ops_removed=["aten::_to_copy"], gemm_precision="higher"),
     RmsNormRecipe(
         "rms_norm_fused", "rms_norm", "L2", "fusion", set(_ALL),
         "replace a hand-written RMSNorm by the fused RMSNorm operator (F.rms_norm / npu_rms_norm)",
@@ -81,7 +82,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         ops_removed=["aten::slice", "aten::mul", "aten::mul", "aten::add", "aten::neg", "aten::cat"]),
     AttentionRecipe(
         "sdpa_attention", "attention", "L2", "fusion", set(_ALL),
-        "replace hand-written causal softmax attention by the fused attention operator "
+        "replace hand-written softmax attention (causal, masked or full) by the fused attention operator "
         "(SDPA / npu_fusion_attention)",
         ops_removed=["aten::bmm", "aten::mul", "aten::masked_fill", "aten::_softmax", "aten::bmm"]),
     Relu2Recipe(

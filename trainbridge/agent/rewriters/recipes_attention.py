@@ -8,15 +8,18 @@ Recognised (after following local names, so chained or split statements both mat
     S_masked = S.masked_fill(M, -inf) (M True = masked: causal when M is triu(ones, 1), or
                                        tril(ones) == 0 / ~tril / tril.logical_not(); the mask may
                                        be a registered buffer sliced [:T, :T] or [:, :, :T, :T])
-             | S + A                  (A = triu(full(-inf), 1): an additive causal mask)
+             | S + A                  (A = triu(full(-inf), 1): an additive causal mask; any other
+                                       additive or bool mask is passed explicitly as attn_mask)
+             | `if M is not None: S = S + M` (an optional additive mask: attn_mask=M, None or not)
+             | S                      (no mask: full, non-causal attention, as in a ViT)
     S = (Q @ K^T) * s | (Q @ K^T) / d | s * (Q @ K^T) | Q @ K^T
                                       (K^T: K.transpose(-2, -1), K.transpose(-1, -2), K.mT;
                                        K.transpose(2, 3) of 4-D B,H,T,D tensors)
 
-Not applicable (with the reason) when dropout sits between softmax and `@ V`, when the mask is
-not provably causal (padding masks, sliding windows, ALiBi), or when the attention weights
-are used elsewhere (returned for visualisation, say): the fused operator never materialises
-them.
+Not applicable (with the reason) when dropout sits between softmax and `@ V`, or when the
+attention weights are used elsewhere (returned for visualisation, say): the fused operator
+never materialises them. Masks that are not provably causal keep their full form (no causal
+block skipping).
 
 cpu / cuda: `F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s)` (the program's
 scale is passed: SDPA's default is 1/sqrt(head_dim), which may differ).
@@ -30,9 +33,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (positions, Ref, call_name, code, dim_is_last, expr, is_module_call, kwarg, method_receiver, num,
-                      parens, positional, self_attribute_value, strip_parens, _has_effects, walk, iter_functions,
-                      iter_statements)
+from .cstutil import (positions, Ref, assigned_names, call_name, code, dim_is_last, expr, is_module_call, kwarg,
+                      method_receiver, num, parens, positional, self_attribute_value, strip_parens, _has_effects, walk,
+                      iter_functions, iter_statements)
 from .expr_engine import Env, ExprRecipe, Match
 
 NPU_MASK_HELPER = '''
@@ -252,6 +255,52 @@ def causal_additive_mask(ref: Ref, env: Env, used: set) -> str:
     raise Miss(f"the additive mask {code(ref.node)} is not provably causal")
 
 
+def _optional_additive_mask(ref: Ref, used: set):
+    """`if M is not None: S = S + M` (or `S += M`, no else) right before `S = S.softmax(-1)`.
+
+    `ref` is the softmax's argument: a name whose last binding is that `if`. Returns
+    (S as read before the `if`, M, the `if` statement), or None. Only when the softmax
+    statement directly follows and rebinds the same name, so nothing else can read the
+    masked scores the `if` produced (the rewrite drops the `if`).
+    """
+    n = strip_parens(ref.node)
+    if not isinstance(n, cst.Name):
+        return None
+    hit = ref.scope.lookup(n.value, ref.at)
+    if hit is None or hit[0].value is not None or hit[1] is not ref.scope or hit[0].index != ref.at - 1:
+        return None
+    after = ref.scope.stmts[ref.at]
+    if n.value not in assigned_names(after):
+        return None
+    stmt_ = ref.scope.stmts[hit[0].index]
+    if not isinstance(stmt_, cst.If) or stmt_.orelse is not None:
+        return None
+    test = strip_parens(stmt_.test)
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.IsNot)
+            and m.matches(test.comparisons[0].comparator, m.Name("None")) and isinstance(test.left, cst.Name)):
+        return None
+    mask = test.left.value
+    body = stmt_.body.body if isinstance(stmt_.body, cst.IndentedBlock) else stmt_.body.body
+    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1:
+        return None
+    small = body[0].body[0]
+    names = {n.value, mask}
+    if isinstance(small, cst.AugAssign):
+        ok = isinstance(small.operator, cst.AddAssign) and m.matches(small.target, m.Name(n.value)) \
+            and m.matches(small.value, m.Name(mask))
+    elif isinstance(small, cst.Assign) and len(small.targets) == 1 and m.matches(small.targets[0].target, m.Name(n.value)):
+        v = strip_parens(small.value)
+        ok = isinstance(v, cst.BinaryOperation) and isinstance(v.operator, cst.Add) and \
+            {getattr(strip_parens(v.left), "value", None), getattr(strip_parens(v.right), "value", None)} == names
+    else:
+        ok = False
+    if not ok:
+        return None
+    at_if = Ref(cst.Name(n.value), ref.scope, hit[0].index)
+    return at_if, Ref(cst.Name(mask), ref.scope, hit[0].index), stmt_
+
+
 def _softmax_arg(ref: Ref, used: set) -> Ref | None:
     r = ref.scope.follow(ref, used)
     n = strip_parens(r.node)
@@ -357,6 +406,7 @@ class AttentionRecipe(ExprRecipe):
         mask_kind = None
         scored = None
         explicit = None
+        drop: list = []
         if isinstance(n, cst.Call) and call_name(n) == "masked_fill":
             recv = method_receiver(n, {"masked_fill"})
             pos = positional(n)
@@ -388,12 +438,18 @@ class AttentionRecipe(ExprRecipe):
                     break
             if scored is None:
                 return None
+        elif (optional := _optional_additive_mask(r, used)) is not None:
+            before_if, mask_ref, if_stmt = optional
+            scored = _scores(before_if, used)
+            if scored is None:
+                return None
+            explicit = ("optional additive", scope.emit(mask_ref, here))
+            drop = [if_stmt]
         else:
             scored = _scores(r, used)
-            if scored is not None:
-                raise Miss("softmax attention without a causal mask: is_causal cannot be used "
-                           "(a non-causal SDPA rewrite is not part of this recipe)")
-            return None
+            if scored is None:
+                return None
+            mask_kind = "none (full attention)"
         q_ref, k_ref, scale = scored[0], scored[1], scored[2]
         if len(scored) > 3:
             s_expr = scope.emit(scored[3], here)
@@ -410,41 +466,56 @@ class AttentionRecipe(ExprRecipe):
                 return None
         qs, ks, vs = code(q), code(k), code(v)
         notes = []
+        if explicit is not None and env.target == "npu" and explicit[0] != "bool":
+            raise Miss(f"an {explicit[0]} mask: npu_fusion_attention takes bool masks only (True = masked)")
         if explicit is not None:
-            return self._explicit(node, env, used, qs, ks, vs, scale, explicit, cast_in or cast_out)
+            return self._explicit(node, env, used, qs, ks, vs, scale, explicit, cast_in or cast_out, drop)
+        causal = mask_kind != "none (full attention)"
         if cast_in or cast_out:
             notes.append("the eager softmax ran in fp32 between casts; the fused kernel accumulates in fp32 itself")
-        if env.target == "npu":
+        if env.target == "npu" and causal:
             new = expr(f'torch_npu.npu_fusion_attention({qs}, {ks}, {vs}, {qs}.size(1), "BNSD", '
                        f"atten_mask=_tb_npu_causal_mask({qs}.device), scale={scale}, sparse_mode=2)[0]")
             imports, helpers = ["import torch_npu"], [("_tb_npu_causal_mask", NPU_MASK_HELPER)]
             notes.append("npu_fusion_attention: q/k/v must be 4-D (B, N, S, D) here (BNSD layout), D <= 768; "
                          "sparse_mode=2 (leftUpCausal) with the compressed 2048x2048 mask; numerics differ from "
                          "eager softmax within the dtype's precision")
-        else:
+        elif env.target == "npu":
+            new = expr(f'torch_npu.npu_fusion_attention({qs}, {ks}, {vs}, {qs}.size(1), "BNSD", scale={scale})[0]')
+            imports, helpers = ["import torch_npu"], []
+            notes.append("npu_fusion_attention without a mask (full attention): q/k/v 4-D (B, N, S, D), D <= 768")
+        elif causal:
             new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, is_causal=True, scale={scale})")
             imports, helpers = [], []
+        else:
+            new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, scale={scale})")
+            imports, helpers = [], []
+            notes.append("no mask: full (non-causal) attention, as the eager softmax computed it")
         return Match(node=node, new=parens(new) if getattr(node, "lpar", None) else new, used=used, imports=imports,
                      helpers=helpers, notes=notes,
                      detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": mask_kind or ""})
 
-    def _explicit(self, node, env, used, qs, ks, vs, scale, explicit, casts):
+    def _explicit(self, node, env, used, qs, ks, vs, scale, explicit, casts, drop=()):
         """A mask that is not provably causal, passed explicitly (same math, less work skipped).
 
         masked_fill(M, -inf) with a bool M (True = masked): SDPA's bool attn_mask means True =
         attend, so it gets ~M; npu_fusion_attention's atten_mask means True = masked, so it gets
         M with sparse_mode=0. An additive mask goes to SDPA as a float attn_mask; npu takes no
-        additive mask here, so that case is left alone there.
+        additive mask here, so that case is left alone there. An optional additive mask
+        (`if mask is not None: s = s + mask`) goes to SDPA as `attn_mask=mask`, which is None
+        exactly when the eager code skipped the addition; the `if` is dropped (`drop`).
         """
         kind, mask = explicit
         ms = code(parens(mask))
         notes = ["the mask is not provably causal: it is passed explicitly (no causal block skipping); rows with "
                  "every position masked give NaN in both forms"]
+        if kind == "optional additive":
+            notes.append(f"the mask is optional: attn_mask={ms} is None exactly when the eager `if` added nothing")
         if casts:
             notes.append("the eager softmax ran in fp32 between casts; the fused kernel accumulates in fp32 itself")
         if env.target == "npu":
             if kind != "bool":
-                return None
+                return None  # npu_fusion_attention takes bool masks only (True = masked)
             full = f"_tb_npu_atten_mask({ms}, {qs}.size(-2), {ks}.size(-2))"
             new = expr(f'torch_npu.npu_fusion_attention({qs}, {ks}, {vs}, {qs}.size(1), "BNSD", atten_mask={full}, '
                        f"scale={scale}, sparse_mode=0)[0]")
@@ -458,7 +529,7 @@ class AttentionRecipe(ExprRecipe):
                 isinstance(strip_parens(mask).operator, cst.BitInvert):
             attn = code(parens(strip_parens(mask).expression))
         new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, attn_mask={attn}, scale={scale})")
-        return Match(node=node, new=new, used=used, notes=notes,
+        return Match(node=node, new=new, used=used, notes=notes, stmt_edits=[(s, None) for s in drop],
                      detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": f"explicit {kind}: {ms}"})
 
     def _rewrite_file(self, rel, text, target, sites):
