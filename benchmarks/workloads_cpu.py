@@ -7,7 +7,8 @@
 For each workload: the loop (port, baseline, evidence, candidates) and its end-to-end
 measurement, where the port, the final program and `torch.compile` of the port run
 interleaved in one session. The table is built from each run folder's `end_to_end.json`
-and ledger; raw samples stay there. Run it on an otherwise idle machine: the ratios are
+and ledger (with the latest `trainbridge ledger verify` of the run, when one was made);
+raw samples stay there. Run it on an otherwise idle machine: the ratios are
 measured within one session, but other load widens every interval.
 """
 
@@ -39,25 +40,32 @@ def summarize(name: str, run_dir: Path) -> dict:
     decided = [e for e in events if isinstance(e, ev.CandidateDecided)]
     accepted = [proposed[d.candidate_id].source.split(":", 1)[-1] for d in decided if d.decision == "accepted"]
     fvp, cvp = e2e.get("final_vs_port") or {}, e2e.get("compiled_port_vs_port") or {}
+    verified = [e for e in events if isinstance(e, ev.VerifyResult)]  # `trainbridge ledger verify`, if run
     return {"workload": name, "run_dir": str(run_dir),
             "port_step_ms": fvp.get("median_incumbent_ms"), "final_step_ms": fvp.get("median_candidate_ms"),
             "speedup": fvp.get("speedup"), "ci": [fvp.get("ci_low"), fvp.get("ci_high")],
             "compiled_port_speedup": cvp.get("speedup"), "compiled_port_ci": [cvp.get("ci_low"), cvp.get("ci_high")],
             "runs_per_arm": fvp.get("n_runs_candidate"), "accepted": accepted,
-            "rejected": sum(d.decision == "rejected" for d in decided)}
+            "rejected": sum(d.decision == "rejected" for d in decided),
+            "verify": ({"speedup": verified[-1].measured_speedup, "ci": list(verified[-1].ci),
+                        "runs_per_arm": len(verified[-1].final_runs_ms), "holds": verified[-1].holds}
+                       if verified else None)}
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| workload | port step | final step | final vs port (95% CI) | torch.compile(port) vs port (95% CI) "
-           "| accepted | rejected |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| workload | port step | final step | final vs port (95% CI) | re-verified (runs/arm) "
+           "| torch.compile(port) vs port (95% CI) | accepted | rejected |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r.get("speedup") is None:
-            out.append(f"| {r['workload']} | - | - | failed: {r.get('error', 'no end-to-end measurement')} | - | - | - |")
+            out.append(f"| {r['workload']} | - | - | failed: {r.get('error', 'no end-to-end measurement')} | - | - | - | - |")
             continue
         comp = (f"{r['compiled_port_speedup']:.2f}x ({r['compiled_port_ci'][0]:.2f}-{r['compiled_port_ci'][1]:.2f})"
                 if r.get("compiled_port_speedup") else "-")
+        v = r.get("verify")
+        ver = f"{v['speedup']:.2f}x ({v['ci'][0]:.2f}-{v['ci'][1]:.2f}, {v['runs_per_arm']})" if v else "-"
         out.append(f"| {r['workload']} | {r['port_step_ms']:.0f} ms | {r['final_step_ms']:.0f} ms | "
-                   f"**{r['speedup']:.2f}x** ({r['ci'][0]:.2f}-{r['ci'][1]:.2f}) | {comp} | "
+                   f"**{r['speedup']:.2f}x** ({r['ci'][0]:.2f}-{r['ci'][1]:.2f}) | {ver} | {comp} | "
                    f"{len(r['accepted'])}: {', '.join(r['accepted']) or '-'} | {r['rejected']} |")
     speedups = [r["speedup"] for r in rows if r.get("speedup")]
     if speedups:

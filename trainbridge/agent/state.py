@@ -121,6 +121,7 @@ class RunState(TypedDict, total=False):
     incumbent_speedup: float
     baseline_median_ms: float
     min_effect: float       # the bar decisions use (the A/A check may raise cfg.min_effect)
+    low_precision: bool     # an accepted candidate lowered precision: later ones get the low-precision tolerance
     tried: list[str]        # plan keys (recipe@sites) already turned into candidates
     candidates: list[str]   # candidate ids in order
     accepted: list[str]
