@@ -71,6 +71,10 @@ def table(rows: list[dict]) -> str:
     if speedups:
         out.append(f"\nGeometric mean of final vs port over {len(speedups)} workloads: "
                    f"{statistics.geometric_mean(speedups):.2f}x.")
+    verified = [r["verify"]["speedup"] for r in rows if r.get("verify")]
+    if verified:
+        out.append(f"Geometric mean of the re-verified ratios over {len(verified)} workloads: "
+                   f"{statistics.geometric_mean(verified):.2f}x.")
     out.append(f"\nMachine: {cpu_signature()}; torch {torch.__version__}.")
     return "\n".join(out)
 
