@@ -36,6 +36,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..targets import TargetUnavailable, get_target
+from ..targets.base import cpu_model
+from ..targets.capabilities import cpu_signature
 from .models import Environment, OpCount, RunRequest, RunResult, StepRecord
 from .plugins import HarnessPlugin, load_plugin
 
@@ -381,8 +383,8 @@ def _environment(req: RunRequest, target) -> Environment:
         torch_version=torch.__version__,
         target=req.target,
         device_name=("torch_npu reference (CPU): not an NPU measurement" if req.npu_reference else target.device_name()),
-        cpu_model=__import__("trainbridge.targets.base", fromlist=["cpu_model"]).cpu_model(),
-        cpu_signature=__import__("trainbridge.targets.capabilities", fromlist=["cpu_signature"]).cpu_signature(),
+        cpu_model=cpu_model(),
+        cpu_signature=cpu_signature(),
         torch_threads=torch.get_num_threads(),
         interop_threads=torch.get_num_interop_threads(),
         hostname=socket.gethostname(),

@@ -281,7 +281,7 @@ def _optional_additive_mask(ref: Ref, used: set):
             and m.matches(test.comparisons[0].comparator, m.Name("None")) and isinstance(test.left, cst.Name)):
         return None
     mask = test.left.value
-    body = stmt_.body.body if isinstance(stmt_.body, cst.IndentedBlock) else stmt_.body.body
+    body = stmt_.body.body  # a one-line `if m: s = s + m` holds small statements: no match
     if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1:
         return None
     small = body[0].body[0]
