@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from trainbridge.ledger import models as ev  # noqa: E402
 from trainbridge.ledger.store import Ledger  # noqa: E402
+from trainbridge.ledger.summary import evidence_event  # noqa: E402
 from trainbridge.targets.capabilities import cpu_signature  # noqa: E402
 
 WORKLOADS = ("nanogpt", "llama", "cifar_resnet", "clip")
@@ -41,30 +42,36 @@ def summarize(name: str, run_dir: Path) -> dict:
     accepted = [proposed[d.candidate_id].source.split(":", 1)[-1] for d in decided if d.decision == "accepted"]
     fvp, cvp = e2e.get("final_vs_port") or {}, e2e.get("compiled_port_vs_port") or {}
     verified = [e for e in events if isinstance(e, ev.VerifyResult)]  # `trainbridge ledger verify`, if run
+    evidence = evidence_event(events)
     return {"workload": name, "run_dir": str(run_dir),
             "port_step_ms": fvp.get("median_incumbent_ms"), "final_step_ms": fvp.get("median_candidate_ms"),
             "speedup": fvp.get("speedup"), "ci": [fvp.get("ci_low"), fvp.get("ci_high")],
             "compiled_port_speedup": cvp.get("speedup"), "compiled_port_ci": [cvp.get("ci_low"), cvp.get("ci_high")],
             "runs_per_arm": fvp.get("n_runs_candidate"), "accepted": accepted,
             "rejected": sum(d.decision == "rejected" for d in decided),
+            "gpu_intents": evidence.intents if evidence is not None and evidence.source != "skipped" else None,
+            "evidence_missing": evidence.missing if evidence is not None else None,
             "verify": ({"speedup": verified[-1].measured_speedup, "ci": list(verified[-1].ci),
                         "runs_per_arm": len(verified[-1].final_runs_ms), "holds": verified[-1].holds}
                        if verified else None)}
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| workload | port step | final step | final vs port (95% CI) | re-verified (runs/arm) "
+    out = ["| workload | GPU intents | port step | final step | final vs port (95% CI) | re-verified (runs/arm) "
            "| torch.compile(port) vs port (95% CI) | accepted | rejected |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
+        intents = ("not collected" if r.get("gpu_intents") is None
+                   else f"**none** ({r['evidence_missing'][:60]})" if r.get("evidence_missing") else str(r["gpu_intents"]))
         if r.get("speedup") is None:
-            out.append(f"| {r['workload']} | - | - | failed: {r.get('error', 'no end-to-end measurement')} | - | - | - | - |")
+            out.append(f"| {r['workload']} | {intents} | - | - | failed: {r.get('error', 'no end-to-end measurement')} "
+                       "| - | - | - | - |")
             continue
         comp = (f"{r['compiled_port_speedup']:.2f}x ({r['compiled_port_ci'][0]:.2f}-{r['compiled_port_ci'][1]:.2f})"
                 if r.get("compiled_port_speedup") else "-")
         v = r.get("verify")
         ver = f"{v['speedup']:.2f}x ({v['ci'][0]:.2f}-{v['ci'][1]:.2f}, {v['runs_per_arm']})" if v else "-"
-        out.append(f"| {r['workload']} | {r['port_step_ms']:.0f} ms | {r['final_step_ms']:.0f} ms | "
+        out.append(f"| {r['workload']} | {intents} | {r['port_step_ms']:.0f} ms | {r['final_step_ms']:.0f} ms | "
                    f"**{r['speedup']:.2f}x** ({r['ci'][0]:.2f}-{r['ci'][1]:.2f}) | {ver} | {comp} | "
                    f"{len(r['accepted'])}: {', '.join(r['accepted']) or '-'} | {r['rejected']} |")
     speedups = [r["speedup"] for r in rows if r.get("speedup")]
@@ -104,10 +111,10 @@ def main() -> None:
         print("$", " ".join(cmd), flush=True)
         proc = subprocess.run(cmd)
         new = sorted(set(a.runs_root.glob("*")) - before, key=lambda p: p.stat().st_mtime)
-        if proc.returncode != 0 or not new or not (new[-1] / "end_to_end.json").exists():
+        if not new or not (new[-1] / "end_to_end.json").exists():
             rows.append({"workload": name, "error": f"exit {proc.returncode}"})
-        else:
-            rows.append(summarize(name, new[-1]))
+        else:  # exit 3 (finished without GPU evidence) still has a row: its intents column says so
+            rows.append({**summarize(name, new[-1]), "exit_code": proc.returncode})
         (a.out / "workloads_cpu.json").write_text(json.dumps(rows, indent=1))
         (a.out / "workloads_cpu.md").write_text(table(rows) + "\n")
     print(table(rows))

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from .targets import TargetUnavailable
 from .workload import ManifestError, load_workload
@@ -144,6 +145,8 @@ class RunProgress:
                 self.speedup = kw["speedup"]
             colour = "green" if kw.get("decision") == "accepted" else "yellow"
             self.progress.console.print(f"[{colour}]{kw.get('decision')}[/{colour}] {kw.get('candidate')}")
+        if kw.get("warning"):
+            self.progress.console.print(Text(kw["warning"], style="bold red"))
         detail = kw.get("detail", "")
         if not err_console.is_terminal:  # logs and CI: one plain line per event instead of a live bar
             err_console.print(f"{phase} | candidate {self.candidate} | incumbent {self.speedup:.2f}x"
@@ -169,15 +172,25 @@ def run(
     pairs: int = typer.Option(3, help="interleaved incumbent/candidate run pairs per candidate"),
     baseline_runs: int = typer.Option(6, help="baseline runs (also the A/A calibration sample, >= 4)"),
     skip_collect: bool = typer.Option(False, help="plan from the target profile only, without GPU evidence"),
+    allow_no_evidence: bool = typer.Option(False, help="finish with exit 0 even when GPU evidence was asked for "
+                                                       "(collected or --evidence) and none could be had"),
     dry_run: bool = typer.Option(False, "--dry-run", help="npu only: validate rewrites on the CPU with torch_npu references; measure later with `ledger measure`"),
     no_compile_compare: bool = typer.Option(False, help="skip timing torch.compile of the port at the end"),
     runs_root: Path = typer.Option(Path("runs"), help="where run folders go"),
 ) -> None:
-    """Optimize a workload: port, profile, collect, then plan/rewrite/validate/measure/decide."""
+    """Optimize a workload: port, profile, collect, then plan/rewrite/validate/measure/decide.
+
+    Exit codes: 0 done; 2 a usage or input error (nothing ran); 3 the run finished but had no
+    GPU evidence although it was asked for some (see --allow-no-evidence, --skip-collect).
+    """
     from .agent.run import new_run_id, resume_run, start_run
     from .agent.state import RunConfig
     from .ledger.store import Ledger
+    from .ledger.summary import EXIT_NO_EVIDENCE, evidence_event, evidence_line
     from .ledger.view import render_ledger
+
+    if evidence is not None and not resume:
+        _check_evidence_file(evidence, allow_empty=allow_no_evidence)
 
     reporter = RunProgress()
     with reporter.progress:
@@ -193,14 +206,37 @@ def run(
                 raise ValueError(f"--agent {agent}: choose recipes, llm or llm+recipes")
             cfg = RunConfig(
                 run_id=new_run_id(wl.manifest.name, target), workload=str(wl.root), target=target,
-                agent=agent, evidence=str(evidence) if evidence else None, evidence_device=evidence_device,
+                agent=agent, evidence=str(evidence.resolve()) if evidence else None, evidence_device=evidence_device,
                 budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs, baseline_runs=baseline_runs,
-                collect=not skip_collect, dry_run=dry_run,
+                collect=not skip_collect, allow_no_evidence=allow_no_evidence, dry_run=dry_run,
                 compare_compile=not no_compile_compare, llm_model=model, llm_base_url=base_url,
             )
             run_dir = start_run(cfg, runs_root, reporter)
-    render_ledger(Ledger(run_dir / "ledger.jsonl"), console)
+    ledger = Ledger(run_dir / "ledger.jsonl")
+    render_ledger(ledger, console)
     console.print(f"run folder: {run_dir}  (report: {run_dir / 'report.md'})")
+    found = evidence_event(ledger.events())
+    if found is not None and found.missing:
+        err_console.print(Text(evidence_line(found), style="bold red"))
+        raise typer.Exit(EXIT_NO_EVIDENCE)
+
+
+def _check_evidence_file(path: Path, *, allow_empty: bool) -> None:
+    """A given --evidence bundle must load, and hold intents, before minutes of baseline runs."""
+    from pydantic import ValidationError
+
+    from .evidence.bundle import EvidenceBundle
+
+    if not path.is_file():
+        raise ValueError(f"--evidence {path}: no such file (write one with `trainbridge collect W -o {path.name}`)")
+    try:
+        bundle = EvidenceBundle.load(path)
+    except (ValidationError, ValueError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--evidence {path}: not an evidence bundle trainbridge can read ({first})") from None
+    if not bundle.intents and not allow_empty:
+        raise ValueError(f"--evidence {path}: the bundle has no optimization intents; "
+                         "pass --allow-no-evidence to plan from the target profile only")
 
 
 @app.command("ledger")

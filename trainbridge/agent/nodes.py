@@ -174,31 +174,44 @@ class Nodes:
         return {"phase": "collect", "baseline_median_ms": median, "min_effect": min_effect}
 
     def collect(self, state: RunState) -> dict:
-        """GPU evidence: load the given bundle, or compile the program with Inductor now."""
+        """GPU evidence: load the given bundle, or compile the program with Inductor now.
+
+        Without evidence the loop still plans from the target profile, but a run that was
+        asked for evidence records that it has none (`EvidenceLoaded.missing`): the summary,
+        report.md and the exit code say so (unless --allow-no-evidence or --skip-collect)."""
         ctx, cfg = self.ctx, self.cfg
         ctx.report("collect")
-        note = ""
+        note, error, n_intents = "", None, 0
+        source = "file" if cfg.evidence else ("collected" if cfg.collect else "skipped")
         try:
-            if cfg.evidence:
+            if source == "file":
                 from ..evidence.bundle import EvidenceBundle
 
                 bundle = EvidenceBundle.load(cfg.evidence)
                 note = f"loaded {cfg.evidence}"
-            elif not cfg.collect:
-                raise RuntimeError("collection switched off (--skip-collect)")
+            elif source == "skipped":
+                bundle = None
+                note = "collection switched off (--skip-collect); planning from the target profile only"
             else:
                 from ..evidence.collect import collect_workload
 
                 bundle = collect_workload(ctx.workload, device=cfg.evidence_device,
                                           out_dir=ctx.paths.root / "evidence")
                 note = f"collected with route {bundle.route}"
-            bundle.save(ctx.paths.evidence)
-            n_intents = len(bundle.intents)
+            if bundle is not None:
+                bundle.save(ctx.paths.evidence)
+                n_intents = len(bundle.intents)
         except Exception as e:  # evidence is guidance: without it, plan from the profile alone
-            note = f"no GPU evidence ({type(e).__name__}: {e}); planning from the target profile only"
-            n_intents = 0
-        self._log(ev.EvidenceLoaded(**self._base(), path=str(ctx.paths.evidence) if n_intents else None,
-                                    intents=n_intents, note=note))
+            error = f"{type(e).__name__}: {str(e)[:2000]}"
+            note = f"no GPU evidence ({error}); planning from the target profile only"
+        event = ev.EvidenceLoaded(**self._base(), path=str(ctx.paths.evidence) if n_intents else None,
+                                  intents=n_intents, note=note, source=source, error=error,
+                                  required=source != "skipped" and not cfg.allow_no_evidence)
+        self._log(event)
+        if event.missing:
+            ctx.report("collect", warning=f"NO GPU EVIDENCE: {event.missing}")
+        else:
+            ctx.report("collect", detail=f"{n_intents} intents ({source})")
         return {"phase": "plan"}
 
     def _intents(self) -> list[dict]:

@@ -25,6 +25,8 @@ class RunConfig(BaseModel):
     evidence: str | None = Field(None, description="evidence bundle to use instead of collecting")
     evidence_device: Literal["cuda", "cpu"] = "cuda"
     collect: bool = Field(True, description="collect GPU evidence when no bundle is given")
+    allow_no_evidence: bool = Field(False, description="a run without GPU intents may finish with exit 0 "
+                                                       "(otherwise its summary, report and exit code say so)")
     budget_candidates: int = 12
     budget_minutes: float = 18.0
     timing_pairs: int = Field(3, description="interleaved incumbent/candidate process pairs per candidate")
@@ -44,7 +46,8 @@ class RunPaths:
     """Where each artefact of a run lives."""
 
     def __init__(self, run_dir: str | Path):
-        self.root = Path(run_dir)
+        # Absolute, once: these paths reach child processes that run in other folders.
+        self.root = Path(run_dir).resolve()
 
     @property
     def config(self) -> Path:

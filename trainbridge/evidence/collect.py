@@ -41,7 +41,9 @@ def collect_workload(workload, *, device: str = "cuda", out_dir: str | Path, tar
         raise ValueError(f"evidence device must be cuda or cpu, not {device!r}")
     if target is None:
         target = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
-    out_dir = Path(out_dir)
+    # the capture plugin writes from the child's working directory (the program's folder):
+    # every path it is given must be absolute, or it lands somewhere the parent never looks
+    out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     raw_path = out_dir / "evidence_raw.json"
     raw_path.unlink(missing_ok=True)

@@ -473,7 +473,9 @@ def run(req: RunRequest) -> RunResult:
             result.error = (result.error or "") + f"\nplugin {p.name} failed: {type(e).__name__}: {e}"
             out = None
         if out:
-            result.plugin_outputs[p.name] = out
+            # the parent reads this from another working directory: make it absolute against
+            # the program's folder (the program itself may have changed directory since)
+            result.plugin_outputs[p.name] = out if Path(out).is_absolute() else str(Path(req.cwd) / out)
     result.wall_s = time.perf_counter() - t0
     return result
 

@@ -7,11 +7,22 @@ per-step samples are kept and statistics are computed later, never here.
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 TargetName = Literal["cpu", "cuda", "npu"]
+
+# Plugin options with these names (or ending in one of the suffixes) are paths. The child runs
+# in the program's own folder, so a relative path there means something else than in the
+# parent: every path option must be absolute.
+PATH_OPTION_NAMES = ("out", "source_root")
+PATH_OPTION_SUFFIXES = ("_path", "_dir", "_root", "_file")
+
+
+def is_path_option(name: str) -> bool:
+    return name in PATH_OPTION_NAMES or name.endswith(PATH_OPTION_SUFFIXES)
 RunStatus = Literal["ok", "finished_early", "crashed", "timeout", "oom", "no_steps"]
 
 
@@ -36,6 +47,19 @@ class RunRequest(BaseModel):
     npu_reference: bool = Field(False, description="dry run of an npu program on the CPU with the torch_npu references")
     plugins: list[str] = Field(default_factory=list, description="'module:Class' harness plugins (e.g. evidence capture)")
     plugin_options: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _paths_are_absolute(self) -> "RunRequest":
+        # The parent and the child have different working directories: a relative path that
+        # crosses this boundary is read or written in the wrong place (a capture once landed
+        # under programs/<digest>/runs/... while the parent looked under runs/...).
+        named = {"script": self.script, "cwd": self.cwd, "result_path": self.result_path,
+                 "steps_path": self.steps_path, "profile_trace_path": self.profile_trace_path}
+        named.update({f"plugin_options[{k!r}]": v for k, v in self.plugin_options.items() if is_path_option(k)})
+        relative = [f"{k}={v!r}" for k, v in named.items() if v is not None and not PurePath(v).is_absolute()]
+        if relative:
+            raise ValueError("paths that cross to the child process must be absolute: " + ", ".join(relative))
+        return self
 
     @property
     def total_steps(self) -> int:

@@ -20,6 +20,9 @@ class HarnessPlugin:
     name = "plugin"
 
     def __init__(self, options: dict[str, str]):
+        # Options that name paths are called `out`, `source_root` or `*_path|_dir|_root|_file`
+        # and arrive absolute (RunRequest refuses relative ones): the child runs in the
+        # program's folder, not in the parent's working directory.
         self.options = options
 
     def before_program(self) -> None:

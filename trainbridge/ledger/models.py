@@ -134,11 +134,33 @@ class BaselineMeasured(_Event):
         return self
 
 
+EvidenceSource = Literal["file", "collected", "skipped"]
+
+
 class EvidenceLoaded(_Event):
+    """Where the run's GPU evidence came from, and whether the run has any.
+
+    `required` is true when the user asked for evidence (collect, or `--evidence`) and did not
+    pass `--allow-no-evidence`: a run without intents then says so in its summary and report
+    and exits non-zero, instead of planning from the target profile alone in silence.
+    """
+
     event: Literal["evidence_loaded"] = "evidence_loaded"
     path: str | None
     intents: int
     note: str = ""
+    source: EvidenceSource | None = Field(None, description="given file, collected now, or skipped (--skip-collect)")
+    error: str | None = Field(None, description="why the evidence could not be loaded or collected")
+    required: bool = Field(False, description="the run was asked for GPU evidence and may not go on quietly without")
+
+    @property
+    def missing(self) -> str | None:
+        """Why a run that was asked for evidence has none to plan with; None when it has some
+        (or was told it may go without)."""
+        if not self.required or self.intents > 0:
+            return None
+        what = "collected" if self.source == "collected" else "given"
+        return self.error or f"the {what} evidence bundle has no optimization intents"
 
 
 class CandidateProposed(_Event):

@@ -7,6 +7,7 @@ from pathlib import Path
 from . import models as ev
 from ..measure.statistics import Comparison
 from .store import Ledger
+from .summary import evidence_event, evidence_line, verdict_line
 
 
 def _ci(c: Comparison | None) -> str:
@@ -24,7 +25,11 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
     proposed = {e.candidate_id: e for e in events if isinstance(e, ev.CandidateProposed)}
     measured = {e.candidate_id: e for e in events if isinstance(e, ev.CandidateMeasured)}
     decided = {e.candidate_id: e for e in events if isinstance(e, ev.CandidateDecided)}
-    lines = [f"# TrainBridge run {started.run_id if started else run_dir.name}", ""]
+    evidence = evidence_event(events)
+    lines = [f"# TrainBridge run {started.run_id if started else run_dir.name}", "",
+             f"**Verdict:** {verdict_line(fin)}", "",
+             (f"**{evidence_line(evidence)}**" if evidence is not None and evidence.missing
+              else evidence_line(evidence)), ""]
     if started:
         lines += [f"- workload: `{started.workload}`", f"- target: **{started.target}**, agent: {started.agent}",
                   f"- budget: {started.budget_candidates} candidates / {started.budget_minutes:.0f} min", ""]

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from .models import BaselineMeasured, RunFinished, RunStarted, VerifyResult
 from .store import CandidateSummary, Ledger
+from .summary import evidence_event, evidence_line
 
 _STYLE = {"accepted": "green", "rejected": "red", "pending": "yellow", "validated_not_measured": "cyan"}
 
@@ -54,6 +55,9 @@ def render_ledger(ledger: Ledger, console: Console) -> Table:
         if base.aa is not None:
             line += f"; A/A false-accept rate {base.aa.false_accept_rate:.3f} over {base.aa.n_splits} splits"
         console.print(Text(line))
+    evidence = evidence_event(events)
+    if evidence is not None:
+        console.print(Text(evidence_line(evidence), style="bold red" if evidence.missing else ""))
     if fin is not None:
         if fin.final_speedup is not None:
             ci = f" [{fin.final_ci[0]:.3f}, {fin.final_ci[1]:.3f}]" if fin.final_ci else ""

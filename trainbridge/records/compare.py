@@ -24,6 +24,7 @@ from ..agent.run import new_run_id, start_run
 from ..agent.state import RunConfig
 from ..ledger import models as ev
 from ..ledger.store import Ledger
+from ..ledger.summary import evidence_event
 from ..targets.capabilities import cpu_signature
 from .models import RecordEntry, RecordIndex
 from .scale import CPU_DEFAULTS, ScaleResult, expand, scale_script
@@ -58,6 +59,9 @@ class RecordResult(BaseModel):
     measured_steps: int | None = Field(None, description="measured steps per timing run (sized by a probe run)")
     machine: str | None = Field(None, description="the CPU the row was measured on (its bf16 units decide which "
                                                   "precision recipes apply)")
+    gpu_intents: int | None = Field(None, description="GPU evidence intents the loop planned with (0: none; "
+                                                      "None: collection not asked for, --skip-collect)")
+    evidence_note: str = Field("", description="why a record that was asked for GPU evidence has none")
 
 
 def _defined_symbols(source: str) -> set[str]:
@@ -149,6 +153,10 @@ def _row_from_run(row: RecordResult, run_dir: Path) -> RecordResult:
     row.accepted = [proposed[d.candidate_id].source.split(":", 1)[-1] if d.candidate_id in proposed else d.candidate_id
                     for d in decided if d.decision == "accepted"]
     row.rejected = sum(d.decision == "rejected" for d in decided)
+    evidence = evidence_event(events)
+    if evidence is not None and evidence.source != "skipped":
+        row.gpu_intents = evidence.intents
+        row.evidence_note = evidence.missing or ""
     if not fvp:
         row.status, row.reason = "failed", "no end-to-end measurement (see the run's report.md)"
         return row
@@ -209,8 +217,8 @@ def write_results(results: list[RecordResult], out: Path) -> None:
 
 
 def table_md(results: list[RecordResult]) -> str:
-    rows = ["| record | name | GPU time (README) | log step_avg | port step | optimized step | speedup (95% CI) "
-            "| accepted rewrites |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| record | name | GPU time (README) | log step_avg | GPU intents | port step | optimized step "
+            "| speedup (95% CI) | accepted rewrites |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         ref = f"{r.reference_step_avg_ms:.1f} ms" if r.reference_step_avg_ms is not None else "-"
         if r.status == "measured":
@@ -218,7 +226,9 @@ def table_md(results: list[RecordResult]) -> str:
                      f"{r.speedup:.2f}x ({r.ci_low:.2f}-{r.ci_high:.2f})", ", ".join(r.accepted) or "none"]
         else:
             cells = ["-", "-", r.status, r.reason[:80]]
-        rows.append(f"| {r.num if r.num is not None else '?'} | {r.name} | {r.readme_time or '-'} | {ref} | "
+        intents = "not collected" if r.gpu_intents is None else (
+            f"**none**: {r.evidence_note[:60]}" if r.evidence_note else str(r.gpu_intents))
+        rows.append(f"| {r.num if r.num is not None else '?'} | {r.name} | {r.readme_time or '-'} | {ref} | {intents} | "
                     + " | ".join(cells) + " |")
     measured = [r.speedup for r in results if r.speedup]
     if measured:
