@@ -41,7 +41,10 @@ from pydantic import BaseModel, Field
 PortTarget = Literal["cpu", "cuda", "npu"]
 
 ChangeKind = Literal["device", "cuda_api", "memory_stat", "backend", "pin_memory", "compile_removed",
-                     "precision_lost", "precision", "import", "gpu_only_feature"]
+                     "precision_lost", "precision", "import", "gpu_only_feature",
+                     # GPU-only features replaced by targets/features/ (each a reviewed edit)
+                     "distributed", "world_size", "assert_dropped", "compiler_config", "attention_replaced",
+                     "kernel_replaced", "fp8_to_16bit", "shim_added"]
 
 _CUDA_STR = re.compile(r"^cuda(:\d+)?$")
 _CPU_EQUIV = {"synchronize", "current_device", "set_device", "device_count", "current_stream", "stream",
