@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "programs"))
 import recipe_testkit as kit  # noqa: E402
 
-from trainbridge.targets.port_source import port_program  # noqa: E402
+from trainbridge.targets.port_source import port_naive, port_program  # noqa: E402
 
 IDIOMS = kit.read("port_idioms.py")
 GPU_ONLY = kit.read("gpu_only.py")
@@ -66,18 +66,25 @@ def test_npu_port():
 
 
 def test_gpu_only_features_are_reported_not_rewritten():
-    r = port_program({"g.py": GPU_ONLY}, "cpu")
-    assert r.files["g.py"] == GPU_ONLY
+    r = port_naive({"g.py": GPU_ONLY}, "cpu")
+    # the SM count is the one GPU query the naive port answers itself (it only sizes kernel grids)
+    sm_line = _lines(GPU_ONLY, "multi_processor_count")[0]
+    assert r.files["g.py"].splitlines()[sm_line - 1] == \
+        GPU_ONLY.splitlines()[sm_line - 1].replace('torch.cuda.get_device_properties(0).multi_processor_count',
+                                                   "torch.get_num_threads()")
+    assert [c.kind for c in r.changes if c.line == sm_line] == ["cuda_api"]
+    assert r.files["g.py"].replace("torch.get_num_threads()", "torch.cuda.get_device_properties(0).multi_processor_count") \
+        == GPU_ONLY
     found = {c.line for c in r.gpu_only}
     for needle in ("import triton\n", "import triton.language", "flex_attention import", "flash_attn_interface",
-                   "@triton.jit", "_scaled_mm", "multi_processor_count", "create_block_mask(mask_mod",
+                   "@triton.jit", "_scaled_mm", "create_block_mask(mask_mod",
                    "return flex_attention", "return flash_attn_varlen_func"):
         line = _lines(GPU_ONLY, needle.strip("\n"))[0]
         assert line in found, (needle, line, sorted(found))
     assert all(c.semantic_change and c.before == c.after for c in r.gpu_only)
     notes = " ".join(c.note for c in r.gpu_only)
     assert "FP8" in notes and "FlexAttention" in notes and "FlashAttention-3" in notes and "Triton" in notes
-    assert port_program({"g.py": GPU_ONLY}, "cuda").changes == []
+    assert port_naive({"g.py": GPU_ONLY}, "cuda").changes == []
 
 
 def test_cuda_target_is_identity():

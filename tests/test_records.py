@@ -171,10 +171,11 @@ def test_records_run_end_to_end_on_one_record(tmp_path):
     assert row["port_step_ms"] > 0 and row["ci_low"] <= row["speedup"] <= row["ci_high"]
     assert row["reference_step_avg_ms"] is not None and row["readme_time"] == "15.2 minutes"
     table = (out / "records_table.md").read_text()
-    assert "| 5 | ModernArch | 15.2 minutes |" in table
+    assert "| 5 | ModernArch | 15.2 minutes | 42.18 -> 22.61 min (1.87x) |" in table  # the authors' NPU pair
+    assert row["port_check"]["loss_falling"] and row["port_check"]["run_status"] == "ok"
     assert (out / "records_speedup.png").stat().st_size > 1000
     workload = out / "workloads" / "2024-10-14_ModernArch"
     assert "n_layer: int = 2" in (workload / "train_gpt.py").read_text()
-    # the probe run sized the timing runs: >= 8 steps, as many as half a second needs
+    # the port check's steps sized the timing runs: >= 8 steps, as many as half a second needs
     manifest = (workload / "trainbridge.toml").read_text()
-    assert row["measured_steps"] >= 8 and f"measured = {row['measured_steps']}  # sized by a probe run" in manifest
+    assert row["measured_steps"] >= 8 and f"measured = {row['measured_steps']}  # sized by the port check" in manifest

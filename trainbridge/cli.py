@@ -334,8 +334,13 @@ def records_run(
                                                       "(default: the shipped record-style series)"),
     target: str = TargetOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default runs/records-<time>-<target>)"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="go on with an interrupted `records run` in this "
+                                                                "output folder (same options)"),
     sets: list[str] = typer.Option([], "--set", help="scale override KNOB=VALUE or FIELD=VALUE (see docs/records.md)"),
     only: Optional[str] = typer.Option(None, help="comma-separated record numbers to run"),
+    track: int = typer.Option(1, help="records of this track (1: the short track; 0: every track)"),
+    port_only: bool = typer.Option(False, "--port-only", help="port, scale and train a few real steps per record "
+                                                              "(loss finite and falling); no optimization loop"),
     budget: int = typer.Option(3, help="most candidates per record"),
     minutes: float = typer.Option(3.0, help="loop time budget per record, in minutes"),
     pairs: int = typer.Option(3, help="interleaved timing pairs per candidate and for the end-to-end figure "
@@ -344,36 +349,56 @@ def records_run(
     shards: Optional[Path] = typer.Option(None, help="folder with train_*.bin / val_*.bin shards (default: made locally)"),
     collect: bool = typer.Option(False, "--collect/--skip-collect", help="collect GPU evidence per record (slower)"),
     min_run_s: float = typer.Option(4.0, help="size each record's measured steps so one timing run lasts this long "
-                                              "(a probe run gives the step time; 0 keeps 8 steps)"),
+                                              "(the port check gives the step time; 0 keeps 8 steps)"),
 ) -> None:
     """Port, scale and optimize each record; write the comparison table and plot."""
     import datetime as dt
 
-    from .records.compare import run_records
+    from .records.compare import RecordsRunOptions, run_records
     from .records.extract import extract
     from .records.models import RecordIndex
 
-    src = source or SHIPPED_SERIES
+    if resume is not None:
+        saved = resume / "records_run.json"
+        if not saved.is_file():
+            raise ValueError(f"--resume {resume}: no records_run.json there (not a `records run` output folder)")
+        opts = RecordsRunOptions.model_validate_json(saved.read_text())
+        out = resume
+        src = Path(opts.source)
+    else:
+        src = source or SHIPPED_SERIES
+        out = out or Path("runs") / f"records-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}-{target}"
+        try:
+            wanted = [int(x) for x in only.split(",")] if only else None
+        except ValueError:
+            raise ValueError(f"--only {only!r}: expected comma-separated record numbers, e.g. 4,12,21") from None
+        opts = RecordsRunOptions(
+            target=target, source=str(src.resolve()), overrides=_parse_sets(sets),
+            shards=str(shards.resolve()) if shards else None, budget_candidates=budget, budget_minutes=minutes,
+            timing_pairs=pairs, baseline_runs=baseline_runs, collect=collect, only=wanted,
+            track=track or None, min_run_s=min_run_s, port_only=port_only)
     if src.is_file() and src.suffix == ".json":
         index = RecordIndex.model_validate_json(src.read_text())
     else:
         index = extract(src)
-    out = out or Path("runs") / f"records-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}-{target}"
-    wanted = {int(x) for x in only.split(",")} if only else None
 
     def announce(entry):
-        console.print(f"[bold]record {entry.num}[/bold] {entry.name}: port, scale, optimize ({budget} candidates, "
-                      f"{minutes:g} min)")
+        what = "port check" if opts.port_only else \
+            f"port, scale, optimize ({opts.budget_candidates} candidates, {opts.budget_minutes:g} min)"
+        console.print(f"[bold]record {entry.num if entry.num is not None else entry.key}[/bold] {entry.name}: {what}")
 
     reporter = RunProgress()
-    with reporter.progress:
-        results = run_records(index, out, target=target, repo_root=REPO_ROOT, overrides=_parse_sets(sets),
-                              shards=shards, budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs,
-                              baseline_runs=baseline_runs, collect=collect, only=wanted, reporter=reporter,
-                              on_record=announce, min_run_s=min_run_s)
+    try:
+        with reporter.progress:
+            results = run_records(index, out, opts, reporter=reporter, on_record=announce,
+                                  resume=resume is not None)
+    except KeyboardInterrupt:
+        err_console.print(f"[yellow]interrupted[/yellow]: finished records are in {out / 'records_results.json'}; "
+                          f"`trainbridge records run --resume {out}` goes on")
+        raise typer.Exit(130) from None
     console.print((out / "records_table.md").read_text())
     console.print(f"wrote {out / 'records_table.md'}, {out / 'records_results.json'}, {out / 'records_speedup.png'}")
-    if not any(r.status == "measured" for r in results):
+    if not any(r.status in ("measured", "port_ok") for r in results):
         raise typer.Exit(1)
 
 

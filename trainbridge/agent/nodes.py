@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..harness.crash import crash_site
 from ..harness.models import RunResult
-from ..harness.runner import port_sources, run_workload
+from ..harness.runner import port_workload, run_workload
 from ..ledger import models as ev
 from ..ledger.store import Ledger
 from ..measure.statistics import calibrate_aa, compare
@@ -36,6 +37,10 @@ def unified_diff(before: dict[str, str], after: dict[str, str], a: str = "a", b:
         if x != y:
             out.extend(difflib.unified_diff(x.splitlines(True), y.splitlines(True), f"{a}/{rel}", f"{b}/{rel}"))
     return "".join(out)
+
+
+class PortBlocked(RuntimeError):
+    """The program uses a GPU-only construct the port cannot replace (the message names it)."""
 
 
 @dataclass
@@ -120,12 +125,16 @@ class Nodes:
     def port(self, state: RunState) -> dict:
         """Naive port of the GPU program to the target: the baseline everything is measured against."""
         self.ctx.report("port")
-        files, changes = port_sources(self.ctx.workload, self.cfg.target)
+        ported = port_workload(self.ctx.workload, self.cfg.target)
+        files = ported.files
         write_program(self.ctx.paths.baseline_dir, files)
-        original = {rel: (self.ctx.workload.root / rel).read_text() for rel in files}
+        original = {rel: (self.ctx.workload.root / rel).read_text() for rel in self.ctx.workload.source_files()}
+        blockers = [str(b) for b in ported.blockers]
         self._log(ev.PortApplied(**self._base(), target=self.cfg.target,
-                                 changes=[c.model_dump() if hasattr(c, "model_dump") else c for c in changes],
-                                 diff=unified_diff(original, files, "original", "port")))
+                                 changes=[c.model_dump() for c in ported.changes],
+                                 diff=unified_diff(original, files, "original", "port"), blockers=blockers))
+        if blockers:
+            raise PortBlocked(f"the port to {self.cfg.target} cannot make this program run: " + "; ".join(blockers))
         return {"phase": "baseline", "incumbent_dir": str(self.ctx.paths.baseline_dir), "incumbent_id": "port"}
 
     def baseline(self, state: RunState) -> dict:
@@ -137,7 +146,8 @@ class Nodes:
         dry = cfg.dry_run
         ref = reference_run(ctx.workload, cfg.target, files, out, seed=cfg.seed, label="baseline-ref", npu_reference=dry)
         if ref.status != "ok":
-            raise RuntimeError(f"the ported program does not run: {ref.status}: {ref.error}")
+            site = crash_site(ref.error, files) if ref.status == "crashed" else (ref.error or "").strip()[:500]
+            raise RuntimeError(f"the ported program does not run ({ref.status}): {site}")
         (ctx.paths.root / "baseline_ref.json").write_text(ref.model_dump_json())
         runs = []
         for i in range(0 if dry else cfg.baseline_runs):

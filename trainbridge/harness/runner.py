@@ -21,6 +21,7 @@ from pathlib import Path
 from ..workload import Workload
 from .loglines import parse_log
 from .models import RunRequest, RunResult, StepRecord, TargetName
+from .torchrun_env import requires_torchrun, torchrun_env
 
 _TAIL_CHARS = 4000
 _POLL_S = 0.1
@@ -205,13 +206,18 @@ def run_request(
 
 def port_sources(workload: Workload, target: TargetName) -> tuple[dict[str, str], list]:
     """The program's Python sources ported from its native device to `target`."""
+    ported = port_workload(workload, target)
+    return ported.files, ported.changes
+
+
+def port_workload(workload: Workload, target: TargetName):
+    """The whole port (`targets.port_source.PortResult`: files, changes, blockers)."""
+    from ..targets.port_source import PortResult, port_program
+
     files = {rel: (workload.root / rel).read_text() for rel in workload.source_files()}
     if target == workload.manifest.native_device:
-        return files, []
-    from ..targets.port_source import port_program
-
-    ported = port_program(files, target)
-    return ported.files, ported.changes
+        return PortResult(target=target, files=files)
+    return port_program(files, target)
 
 
 def run_workload(
@@ -275,6 +281,8 @@ def run_workload(
     )
     run_env = dict(m.env)
     run_env.update(env or {})
+    if requires_torchrun(sources):  # the harness plays torchrun: rank 0 of a world of 1
+        run_env.update(torchrun_env({**os.environ, **run_env}))
     return run_request(
         req,
         timeout_s=timeout_s or m.limits.timeout_s,

@@ -103,6 +103,8 @@ class PortApplied(_Event):
     target: TargetName | None = None
     changes: list[PortChangeRecord]
     diff: str = ""
+    blockers: list[str] = Field(default_factory=list, description="constructs the port could not make run "
+                                                                   "(the run stops here when there are any)")
 
 
 class BaselineMeasured(_Event):

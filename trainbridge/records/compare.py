@@ -13,9 +13,6 @@ from __future__ import annotations
 import ast
 import json
 import math
-import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -27,41 +24,15 @@ from ..ledger.store import Ledger
 from ..ledger.summary import evidence_event
 from ..targets.capabilities import cpu_signature
 from .models import RecordEntry, RecordIndex
-from .scale import CPU_DEFAULTS, ScaleResult, expand, scale_script
+from .port_check import check_port
+from .report import write_results
+from .results import RecordResult
+from .scale import ScaleResult, scale_record
+from .shards import check_shards, make_record_shards
 
 # data loaders and hyperparameters the agent may not edit, where the script defines them
 _PROTECTED_SYMBOLS = ("Hyperparameters", "parse_overrides", "_convert", "_load_data_shard", "_peek_data_shard",
                       "distributed_data_generator", "DistributedDataLoader", "find_batch_starts")
-
-
-class RecordResult(BaseModel):
-    """One row of the comparison table (records_results.json keeps them all)."""
-
-    key: str
-    num: int | None
-    name: str
-    readme_time: str | None = Field(None, description="the README table's 8xH100 time")
-    reference_train_time_ms: float | None = Field(None, description="from the record's own log (its machine)")
-    reference_step_avg_ms: float | None = None
-    status: str = Field(..., description="measured | skipped | failed")
-    reason: str = ""
-    scaled: dict[str, list[str]] = Field(default_factory=dict, description="override name -> where it was set")
-    unmatched_overrides: list[str] = Field(default_factory=list)
-    run_dir: str | None = None
-    port_step_ms: float | None = Field(None, description="median step of the port, end-to-end measurement")
-    optimized_step_ms: float | None = None
-    speedup: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    runs: int | None = Field(None, description="process runs per arm in the end-to-end measurement")
-    accepted: list[str] = Field(default_factory=list, description="accepted rewrites (recipe or model source)")
-    rejected: int = 0
-    measured_steps: int | None = Field(None, description="measured steps per timing run (sized by a probe run)")
-    machine: str | None = Field(None, description="the CPU the row was measured on (its bf16 units decide which "
-                                                  "precision recipes apply)")
-    gpu_intents: int | None = Field(None, description="GPU evidence intents the loop planned with (0: none; "
-                                                      "None: collection not asked for, --skip-collect)")
-    evidence_note: str = Field("", description="why a record that was asked for GPU evidence has none")
 
 
 def _defined_symbols(source: str) -> set[str]:
@@ -69,30 +40,32 @@ def _defined_symbols(source: str) -> set[str]:
     return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
 
 
-def make_shards(data_dir: Path, repo_root: Path) -> Path:
-    """Byte-level shards in the records' format, made once with nanogpt's data maker."""
-    if not (data_dir / "train_000000.bin").exists():
-        maker = repo_root / "workloads" / "nanogpt" / "data" / "make_shards.py"
-        if not maker.exists():
-            raise FileNotFoundError(f"{maker}: needed to make shards; or pass --shards with your own")
-        subprocess.run([sys.executable, str(maker), "--out-dir", str(data_dir), "--train-tokens", "1000000",
-                        "--val-tokens", "40000"], check=True,
-                       stdout=subprocess.DEVNULL)
-    return data_dir
+def record_shards(out: Path, user_shards: str | None) -> Path:
+    """The user's shards (checked: magic, version, counts, ids below 50257), else ours: word-level
+    ids with BOS 50256 at every document start, made once from the standard library's sources."""
+    if user_shards:
+        check_shards(Path(user_shards))
+        return Path(user_shards).resolve()
+    return make_record_shards(out / "data", train_tokens=TRAIN_TOKENS, val_tokens=VAL_TOKENS)
+
+
+# enough for the scaled schedules (1,024 tokens a step, a few hundred steps) and their validation
+TRAIN_TOKENS = 600_000
+VAL_TOKENS = 65_536
 
 
 def write_workload(entry: RecordEntry, dest: Path, overrides: dict[str, object], shards: Path,
                    *, warmup: int = 3, measured: int = 8) -> ScaleResult:
-    """The scaled script as a workload folder with a manifest the loop can run."""
+    """The scaled script as a workload folder with a manifest the loop can run.
+
+    `overrides` are the user's `--set` knobs and names; the CPU defaults apply under them."""
     assert entry.script is not None
-    knobs = {**overrides, "train_files": str(shards / "train_*.bin"), "val_files": str(shards / "val_*.bin")}
-    scaled = scale_script(entry.script, knobs)
+    scaled = scale_record(entry.script, overrides, shards=shards)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "train_gpt.py").write_text(scaled.source)
     for name, text in entry.extra_files.items():
         (dest / name).write_text(text)
-    names = expand(knobs)
-    per_step = int(names.get("batch_size", 1)) * int(names.get("seq_len", 1))
+    per_step = scaled.tokens_at_start  # a short timing run measures the first stage of a batch schedule
     symbols = sorted(_defined_symbols(scaled.source) & set(_PROTECTED_SYMBOLS))
     manifest = [
         f"# generated by `trainbridge records run` from {entry.script_log}",
@@ -118,28 +91,22 @@ MIN_RUN_S = 4.0
 MAX_MEASURED = 60
 
 
-def size_measured_steps(dest: Path, target: str, *, min_run_s: float = MIN_RUN_S, measured: int = 8,
-                        probe_steps: int = 3) -> int:
+def size_measured_steps(dest: Path, step_ms: float | None, *, min_run_s: float = MIN_RUN_S,
+                        measured: int = 8) -> int:
     """Measured steps per timing run, so that one run of the scaled port lasts `min_run_s`.
 
     The scaled records run from ~50 ms to seconds a step depending on the record and the
     CPU (bf16 units or not), so a fixed count either wastes the budget or times a fraction
-    of a second. One short probe run of the port gives the step time; the manifest is
-    rewritten with the count (never below `measured`, at most MAX_MEASURED).
+    of a second. The port check's step time gives the count; the manifest is rewritten with
+    it (never below `measured`, at most MAX_MEASURED).
     """
-    from ..harness.runner import run_workload
-    from ..workload import load_workload
-
-    probe = run_workload(load_workload(dest), target, out_dir=dest.parent.parent / "probe" / dest.name,
-                         label="probe", warmup_steps=1, measured_steps=probe_steps)
-    if probe.status != "ok" or not probe.measured_ms:
+    if not step_ms or min_run_s <= 0:
         return measured
-    step_s = statistics.median(probe.measured_ms) / 1e3
-    steps = min(MAX_MEASURED, max(measured, math.ceil(min_run_s / step_s)))
+    steps = min(MAX_MEASURED, max(measured, math.ceil(min_run_s * 1e3 / step_ms)))
     path = dest / "trainbridge.toml"
     path.write_text(path.read_text().replace(f"measured = {measured}\n",
-                                             f"measured = {steps}  # sized by a probe run: "
-                                             f"{step_s * 1e3:.0f} ms a step, runs of >= {min_run_s:g} s\n", 1))
+                                             f"measured = {steps}  # sized by the port check: "
+                                             f"{step_ms:.0f} ms a step, runs of >= {min_run_s:g} s\n", 1))
     return steps
 
 
@@ -160,105 +127,128 @@ def _row_from_run(row: RecordResult, run_dir: Path) -> RecordResult:
     if not fvp:
         row.status, row.reason = "failed", "no end-to-end measurement (see the run's report.md)"
         return row
-    row.status = "measured"
+    row.status, row.reason = "measured", ""
     row.port_step_ms, row.optimized_step_ms = fvp["median_incumbent_ms"], fvp["median_candidate_ms"]
     row.speedup, row.ci_low, row.ci_high = fvp["speedup"], fvp["ci_low"], fvp["ci_high"]
     row.runs = fvp["n_runs_candidate"]
     return row
 
 
-def run_records(index: RecordIndex, out: Path, *, target: str, repo_root: Path,
-                overrides: dict[str, object] | None = None, shards: Path | None = None,
-                budget_candidates: int = 4, budget_minutes: float = 4.0, timing_pairs: int = 3,
-                baseline_runs: int = 4, collect: bool = False, only: set[int] | None = None,
-                min_run_s: float = MIN_RUN_S,
-                reporter=None, on_record=None) -> list[RecordResult]:
-    """Every record through the loop; results are written after each one (a crash keeps them)."""
+class RecordsRunOptions(BaseModel):
+    """What `records run` was asked, written to <out>/records_run.json so --resume can go on."""
+
+    target: str
+    source: str = Field(..., description="records.json, checkout or log folder the records came from")
+    overrides: dict[str, object] = Field(default_factory=dict)
+    shards: str | None = None
+    budget_candidates: int = 3
+    budget_minutes: float = 3.0
+    timing_pairs: int = 3
+    baseline_runs: int = 4
+    collect: bool = False
+    only: list[int] | None = None
+    track: int | None = Field(1, description="records of this track only (None: every track)")
+    min_run_s: float = MIN_RUN_S
+    port_only: bool = False
+
+
+# statuses that are an answer: --resume keeps them
+_FINAL = {"measured", "not_ported", "port_failed", "failed", "skipped"}
+
+
+def _wanted(entry: RecordEntry, opts: RecordsRunOptions) -> bool:
+    if opts.only:
+        return entry.num in opts.only
+    return opts.track is None or entry.track in (opts.track, None)
+
+
+def _new_row(entry: RecordEntry, target: str) -> RecordResult:
+    return RecordResult(key=entry.key, num=entry.num, name=entry.name, track=entry.track,
+                        readme_time=entry.readme_time, reference_train_time_ms=entry.reference_train_time_ms,
+                        reference_step_avg_ms=entry.reference_step_avg_ms, status="skipped",
+                        machine=cpu_signature() if target == "cpu" else None)
+
+
+def run_records(index: RecordIndex, out: Path, opts: RecordsRunOptions, *,
+                reporter=None, on_record=None, resume: bool = False) -> list[RecordResult]:
+    """Every wanted record: scale, port check, and (unless port_only) the loop.
+
+    Results are written after each record and before each loop starts, so a crash or Ctrl-C
+    keeps the finished records, and `resume=True` goes on from `<out>`: answered records are
+    kept, an interrupted loop is resumed from its checkpoint, the rest start.
+    """
+    from ..agent.run import resume_run
+
     out = Path(out).resolve()  # programs run from their own folders: every path they get is absolute
     out.mkdir(parents=True, exist_ok=True)
-    overrides = {**CPU_DEFAULTS, **(overrides or {})}
-    shards = Path(shards).resolve() if shards else make_shards(out / "data", repo_root)
+    (out / "records_run.json").write_text(opts.model_dump_json(indent=1))
+    previous: dict[str, RecordResult] = {}
+    if resume and (out / "records_results.json").exists():
+        previous = {r["key"]: RecordResult.model_validate(r)
+                    for r in json.loads((out / "records_results.json").read_text())}
+    overrides = dict(opts.overrides)
+    shards = record_shards(out, opts.shards)
     results: list[RecordResult] = []
-    for entry in index.records:
-        if only and entry.num not in only:
-            continue
-        row = RecordResult(key=entry.key, num=entry.num, name=entry.name, readme_time=entry.readme_time,
-                           reference_train_time_ms=entry.reference_train_time_ms,
-                           reference_step_avg_ms=entry.reference_step_avg_ms, status="skipped",
-                           machine=cpu_signature() if target == "cpu" else None)
-        if not entry.script:
-            row.reason = entry.no_script_reason or "no script"
-        else:
+    try:
+        for entry in index.records:
+            if not _wanted(entry, opts):
+                continue
+            old = previous.get(entry.key)
+            if old is not None and (old.status in _FINAL or (opts.port_only and old.status == "port_ok")):
+                results.append(old)
+                continue
+            row = _new_row(entry, opts.target)
+            results.append(row)
+            if not entry.script:
+                row.reason = entry.no_script_reason or "no script"
+                write_results(results, out)
+                continue
+            row.status = "running"  # until answered: an interrupt here leaves it to --resume
             if on_record:
                 on_record(entry)
             try:
-                scaled = write_workload(entry, out / "workloads" / entry.key, overrides, shards)
-                row.scaled, row.unmatched_overrides = scaled.applied, scaled.unmatched
-                if min_run_s > 0:
-                    row.measured_steps = size_measured_steps(out / "workloads" / entry.key, target,
-                                                             min_run_s=min_run_s)
-                cfg = RunConfig(run_id=new_run_id(f"record-{entry.key}", target), workload=str(out / "workloads" / entry.key),
-                                target=target, budget_candidates=budget_candidates, budget_minutes=budget_minutes,
-                                timing_pairs=timing_pairs, baseline_runs=baseline_runs, collect=collect,
-                                compare_compile=False)
-                run_dir = start_run(cfg, out / "runs", reporter)
-                _row_from_run(row, run_dir)
+                _one_record(entry, row, old, out, opts, overrides, shards, results, reporter, resume_run)
             except Exception as e:  # one broken record must not lose the others
                 row.status, row.reason = "failed", f"{type(e).__name__}: {e}"[:500]
-        results.append(row)
-        write_results(results, out)
+            write_results(results, out)
+    finally:
+        write_results(results, out)  # Ctrl-C included: the rows so far, a running one marked as such
     return results
 
 
-def write_results(results: list[RecordResult], out: Path) -> None:
-    (out / "records_results.json").write_text(json.dumps([r.model_dump() for r in results], indent=1))
-    (out / "records_table.md").write_text(table_md(results) + "\n")
-    plot(results, out / "records_speedup.png")
+def _one_record(entry, row, old, out, opts, overrides, shards, results, reporter, resume_run) -> None:
+    import time
 
-
-def table_md(results: list[RecordResult]) -> str:
-    rows = ["| record | name | GPU time (README) | log step_avg | GPU intents | port step | optimized step "
-            "| speedup (95% CI) | accepted rewrites |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in results:
-        ref = f"{r.reference_step_avg_ms:.1f} ms" if r.reference_step_avg_ms is not None else "-"
-        if r.status == "measured":
-            cells = [f"{r.port_step_ms:.0f} ms", f"{r.optimized_step_ms:.0f} ms",
-                     f"{r.speedup:.2f}x ({r.ci_low:.2f}-{r.ci_high:.2f})", ", ".join(r.accepted) or "none"]
-        else:
-            cells = ["-", "-", r.status, r.reason[:80]]
-        intents = "not collected" if r.gpu_intents is None else (
-            f"**none**: {r.evidence_note[:60]}" if r.evidence_note else str(r.gpu_intents))
-        rows.append(f"| {r.num if r.num is not None else '?'} | {r.name} | {r.readme_time or '-'} | {ref} | {intents} | "
-                    + " | ".join(cells) + " |")
-    measured = [r.speedup for r in results if r.speedup]
-    if measured:
-        rows.append(f"\nGeometric mean speedup over {len(measured)} records: "
-                    f"{statistics.geometric_mean(measured):.2f}x (per-record ranges in the table).")
-    machines = sorted({r.machine for r in results if r.machine and r.status == "measured"})
-    if machines:
-        rows.append(f"\nMachine: {'; '.join(machines)}.")
-    return "\n".join(rows)
-
-
-def plot(results: list[RecordResult], path: Path) -> None:
-    """Speedup of the optimized program over the port, per record, with its 95% interval."""
-    rows = [r for r in results if r.status == "measured"]
-    if not rows:
+    dest = out / "workloads" / entry.key
+    if old is not None and old.status == "running" and old.run_dir and (Path(old.run_dir) / "config.json").exists():
+        for name, value in old:  # the interrupted loop goes on from its checkpoint
+            setattr(row, name, value)
+        t0 = time.perf_counter()
+        _row_from_run(row, resume_run(Path(old.run_dir), reporter))
+        row.loop_wall_s = (row.loop_wall_s or 0) + time.perf_counter() - t0
         return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(4, 0.7 * len(rows) + 2), 3.5))
-    xs = range(len(rows))
-    ys = [r.speedup for r in rows]
-    err = [[r.speedup - r.ci_low for r in rows], [r.ci_high - r.speedup for r in rows]]
-    ax.bar(xs, ys, yerr=err, capsize=3, color="#4878a8")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(list(xs), [f"{r.num}\n{r.name[:12]}" for r in rows], fontsize=7)
-    ax.set_ylabel("optimized / port speed (x)")
-    ax.set_title("records: optimized program vs naive port (95% CI)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    scaled = write_workload(entry, dest, overrides, shards)
+    row.scaled, row.unmatched_overrides = scaled.applied, scaled.unmatched
+    row.scale_problems = list(scaled.problems)
+    check = check_port(dest, opts.target, out / "port_check" / entry.key)
+    row.port_check = check
+    if not check.ported:
+        row.status, row.reason = "not_ported", check.reason
+        return
+    if not check.ok:
+        row.status, row.reason = "port_failed", check.reason
+        return
+    if opts.port_only:
+        row.status, row.reason = "port_ok", ""
+        return
+    row.measured_steps = size_measured_steps(dest, check.median_step_ms, min_run_s=opts.min_run_s)
+    cfg = RunConfig(run_id=new_run_id(f"record-{entry.key}", opts.target), workload=str(dest),
+                    target=opts.target, budget_candidates=opts.budget_candidates, budget_minutes=opts.budget_minutes,
+                    timing_pairs=opts.timing_pairs, baseline_runs=opts.baseline_runs, collect=opts.collect,
+                    compare_compile=False)
+    row.status, row.run_dir = "running", str(out / "runs" / cfg.run_id)
+    write_results(results, out)
+    t0 = time.perf_counter()
+    run_dir = start_run(cfg, out / "runs", reporter)
+    row.loop_wall_s = time.perf_counter() - t0
+    _row_from_run(row, run_dir)

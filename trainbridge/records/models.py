@@ -49,14 +49,26 @@ class KnownRecord(BaseModel):
 class RecordEntry(BaseModel):
     """One record found under the extracted path."""
 
-    key: str = Field(..., description="the record's folder name, unique in this extraction")
+    key: str = Field(..., description="the record's folder name (its path when two tracks share a name), "
+                                      "unique in this extraction")
     num: int | None = Field(None, description="record number from the README table; None when unmatched")
+    track: int | None = Field(None, description="1 short, 2 medium, 3 optimization (from `records/track_N_*`; the "
+                                                "older `records/<folder>` layout is track 1); None outside a checkout")
     name: str
     date: str | None = Field(None, description="ISO date from the folder name")
     description: str = ""
     readme_time: str | None = Field(None, description="the README table's time for this record (8xH100)")
     logs: list[ParsedLog] = Field(default_factory=list)
     script_log: str | None = Field(None, description="path of the log the script was taken from")
+    variant: str | None = Field(None, description="the subfolder of the record folder whose logs give the script "
+                                                  "and timings; None: the record folder itself")
+    variant_reason: str = Field("", description="why this variant: the README's log link, the only one, or the "
+                                                "newest of several")
+    other_variants: dict[str, int] = Field(default_factory=dict, description="other subfolders with logs (not "
+                                           "baselines) -> how many logs; their logs are not in `logs`")
+    baseline_logs: int = Field(0, description="logs of the PR's comparison run (baseline/, *-baseline-*, prior/, "
+                                              "master-*, comparison_*), skipped")
+    note: str = Field("", description="anything a reader should know about how the entry was matched")
     script: str | None = None
     extra_files: dict[str, str] = Field(default_factory=dict)
     no_script_reason: str | None = Field(None, description="why there is no script (llm.c log, no log ...)")

@@ -1,46 +1,64 @@
 """Scale a record script to the machine: the documented hyperparameter override.
 
-Record scripts hard-code an 8xH100 configuration (12 layers, width 768, 64K-token batches,
-thousands of steps) in a `Hyperparameters` dataclass and in the model constructor call.
-`scale_script` rewrites those literals in the source (libcst), so the program itself is
-unchanged otherwise:
+Record scripts hard-code an 8xH100 configuration (11-12 layers, width 768, 400K-token
+batches, thousands of steps). `scale_script` rewrites those values in the source, and
+nothing else, so the program is otherwise the record's own:
 
-1. in every class whose name ends in `Hyperparameters` or `Config` (the records' `args`
-   dataclass, `GPTConfig`), the default of each annotated field named in the overrides;
-2. in every call, a keyword argument named in the overrides whose value is a literal
-   (`GPT(vocab_size=50304, num_layers=12, ...)`); a keyword passing a variable is left alone.
+1. sites (trainbridge/records/scale_sites.py): fields of `...Hyperparameters` /
+   `...Config` classes (dataclass or plain attributes), literal keywords of calls (the
+   model constructor, `TrainingStage(...)` schedule entries), module constants
+   (`grad_accum_steps`), step-count defaults of schedule functions, argparse defaults;
+2. a plan (scale_plan.py) that turns the knobs into one consistent configuration in each
+   record's own units (sequences or tokens, tuples or stages, scheduled + extension steps),
+   keeping what the model code fixes (layer-indexed logic, asserted head counts);
+3. a static check (scale_check.py) of the scaled hyperparameter section against the
+   record's own asserts and the invariants it relies on.
 
-Overrides are given by knob (`layers=4`) or by exact field name (`n_layer=4`); a knob
-stands for all the names the records used for it (KNOBS). The result says which names
-matched where, and which knobs matched nothing, so a reader sees exactly what changed.
+The result lists every value set and where (`applied`), the knobs that matched nothing
+(`unmatched`), decisions a reader should know (`notes`) and anything that could not be
+made consistent (`problems`, each naming the construct).
 """
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
+from pathlib import Path
 
-import libcst as cst
+from .scale_check import check
+from .scale_plan import FILE_NAMES, plan
+from .scale_sites import find_sites, literal_source, replace_spans
 
-# knob -> the field / keyword names the records (and our series) use for it
+# knob -> the field / keyword / constant names the records (and our series) use for it
 KNOBS: dict[str, tuple[str, ...]] = {
     "layers": ("n_layer", "num_layers"),
     "heads": ("n_head", "num_heads"),
+    "head_dim": ("head_dim",),
     "width": ("n_embd", "model_dim"),
     "vocab": ("vocab_size",),
-    "seq": ("seq_len", "sequence_length", "train_seq_len", "max_seq_len"),
+    "seq": ("sequence_length", "seq_len", "train_seq_len", "max_seq_len", "train_max_seq_len"),
     "val_seq": ("val_seq_len",),
-    "batch": ("batch_size", "device_batch_size"),
-    "steps": ("num_iterations",),
+    "batch": ("batch_size", "device_batch_size", "max_device_batch_size", "train_batch_size",
+              "val_batch_size", "train_bs_schedule", "train_bs_extension"),
+    "steps": ("num_iterations", "num_scheduled_iterations", "num_extension_iterations", "iteration_extension",
+              "warmup_iters", "warmdown_iters", "cooldown_iters", "transition_steps", "momentum_cd_steps",
+              "muon_warmup_steps", "muon_cooldown_steps", "NORMUON_NOISE_WARMUP"),
     "val_every": ("val_loss_every",),
     "val_tokens": ("val_tokens",),
-    "train_files": ("train_files", "input_bin"),
-    "val_files": ("val_files", "input_val_bin"),
+    "grad_accum": ("grad_accum_steps",),
+    "bigram_vocab": ("bigram_vocab_size",),
+    "bigram_dim": ("bigram_dim",),
+    "train_files": FILE_NAMES["train_files"],
+    "val_files": FILE_NAMES["val_files"],
 }
 
-# What `trainbridge records run` uses on a 2-core CPU unless told otherwise.
+# What `trainbridge records run` uses on a 2-core CPU unless told otherwise. None: derived
+# per record (head_dim 64, or the record's 128 where it passes head_dim; width = heads x
+# head_dim; val_tokens = two validation batches). vocab is not set: the shards carry GPT-2
+# token ids (BOS 50256), so the records' 50257 -> 50304 stays.
 CPU_DEFAULTS: dict[str, object] = {
-    "layers": 4, "heads": 2, "width": 128, "vocab": 256, "seq": 128, "val_seq": 128, "batch": 8,
-    "steps": 200, "val_every": 0, "val_tokens": 8192,
+    "layers": 4, "heads": 2, "head_dim": None, "width": None, "seq": 1024, "batch": 1, "steps": 300,
+    "val_every": 0, "val_tokens": None, "grad_accum": 1, "bigram_vocab": 50304,
 }
 
 
@@ -53,13 +71,36 @@ class ScaleResult:
     source: str
     applied: dict[str, list[str]] = field(default_factory=dict)  # name -> where it was set
     unmatched: list[str] = field(default_factory=list)  # knobs / names that matched nothing
+    problems: list[str] = field(default_factory=list)  # what could not be made consistent, construct named
+    notes: list[str] = field(default_factory=list)  # decisions: a layer count kept, a head_dim chosen ...
+    settings: dict[str, object] = field(default_factory=dict)  # where -> the value written there
+    config: dict[str, object] = field(default_factory=dict)  # layers, heads, head_dim, width, tokens_per_step, steps
+    hyperparameters: dict[str, object] = field(default_factory=dict)  # the scaled args.*, evaluated
+    model: dict[str, object] = field(default_factory=dict)  # the model constructor's keywords, evaluated
+    asserts_checked: int = 0  # the record's own asserts evaluated on the scaled values
+    invariants_checked: int = 0  # relations the record relies on without an assert (scale_check.py)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens in one optimizer step (the largest, where the batch size is scheduled)."""
+        return int(self.config.get("tokens_per_step") or 1) * int(self.config.get("grad_accum") or 1)
+
+    @property
+    def tokens_at_start(self) -> int:
+        """Training tokens in the first steps (the first stage of a batch-size schedule): the work
+        per step of the few steps a timing run measures."""
+        return int(self.config.get("tokens_first_step") or self.tokens_per_step)
+
+    def train_tokens_needed(self) -> int:
+        """Tokens a full run of the scaled schedule reads: what the training shard must hold."""
+        return self.tokens_per_step * int(self.config.get("steps") or 1) + 1
 
 
 def expand(overrides: dict[str, object]) -> dict[str, object]:
-    """Knobs to concrete names; an exact name given explicitly wins over its knob."""
+    """Knobs to concrete names (all names of a knob get its value); an exact name wins."""
     out: dict[str, object] = {}
     for key, value in overrides.items():
-        if key in KNOBS:
+        if key in KNOBS and value is not None:
             for name in KNOBS[key]:
                 out.setdefault(name, value)
     for key, value in overrides.items():
@@ -68,66 +109,69 @@ def expand(overrides: dict[str, object]) -> dict[str, object]:
     return out
 
 
-def _literal(value: object) -> cst.BaseExpression:
-    if isinstance(value, bool) or value is None or isinstance(value, (int, float, str)):
-        return cst.parse_expression(repr(value))
-    raise ScaleError(f"override value {value!r}: only int, float, str, bool literals")
+def scale_script(source: str, overrides: dict[str, object], *, explicit: set[str] | None = None,
+                 run_check: bool = True) -> ScaleResult:
+    """Rewrite the script's hyperparameters for these knobs and exact names.
 
-
-def _is_literal(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.UnaryOperation):
-        return _is_literal(node.expression)
-    if isinstance(node, cst.BinaryOperation):  # 64 * 1024, 8 * 64
-        return _is_literal(node.left) and _is_literal(node.right)
-    return isinstance(node, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString, cst.Name)) and \
-        (not isinstance(node, cst.Name) or node.value in ("True", "False", "None"))
-
-
-class _Override(cst.CSTTransformer):
-    def __init__(self, names: dict[str, object]):
-        self.names = names
-        self.classes: list[str] = []
-        self.functions = 0
-        self.applied: dict[str, list[str]] = {}
-
-    def visit_ClassDef(self, node):
-        self.classes.append(node.name.value)
-
-    def leave_ClassDef(self, original, updated):
-        self.classes.pop()
-        return updated
-
-    def visit_FunctionDef(self, node):
-        self.functions += 1
-
-    def leave_FunctionDef(self, original, updated):
-        self.functions -= 1
-        return updated
-
-    def leave_AnnAssign(self, original, updated):
-        if not self.classes or self.functions or not isinstance(updated.target, cst.Name) or updated.value is None:
-            return updated
-        cls, name = self.classes[-1], updated.target.value
-        if name in self.names and (cls.endswith("Hyperparameters") or cls.endswith("Config")):
-            self.applied.setdefault(name, []).append(f"{cls}.{name}")
-            return updated.with_changes(value=_literal(self.names[name]))
-        return updated
-
-    def leave_Arg(self, original, updated):
-        if updated.keyword is not None and updated.keyword.value in self.names and _is_literal(updated.value):
-            name = updated.keyword.value
-            self.applied.setdefault(name, []).append(f"call keyword {name}=")
-            return updated.with_changes(value=_literal(self.names[name]))
-        return updated
-
-
-def scale_script(source: str, overrides: dict[str, object]) -> ScaleResult:
+    `explicit`: the knobs the user asked for (the rest are defaults, which yield to what the
+    model code fixes); None: every knob whose value differs from its CPU_DEFAULTS value.
+    """
     try:
-        module = cst.parse_module(source)
-    except cst.ParserSyntaxError as e:
+        tree = ast.parse(source)
+    except SyntaxError as e:
         raise ScaleError(f"the script does not parse: {e}") from e
-    names = expand(overrides)
-    tr = _Override(names)
-    new = module.visit(tr)
-    unmatched = [k for k in overrides if not any(n in tr.applied for n in KNOBS.get(k, (k,)))]
-    return ScaleResult(source=new.code, applied=tr.applied, unmatched=unmatched)
+    knobs = {k: v for k, v in overrides.items() if k in KNOBS}
+    names = {k: v for k, v in overrides.items() if k not in KNOBS}
+    if explicit is None:
+        explicit = {k for k, v in overrides.items() if k not in CPU_DEFAULTS or CPU_DEFAULTS[k] != v}
+    sites = find_sites(tree)
+    p = plan(tree, source, sites, knobs, explicit, names)
+    edits, applied, settings = [], {}, {}
+    for i, value in p.values.items():
+        s = sites[i]
+        try:
+            text = literal_source(value)
+        except ValueError as e:
+            raise ScaleError(str(e)) from e
+        edits.append((s.node, text))
+        applied.setdefault(s.name, []).append(s.where)
+        settings[s.where] = value
+    new = replace_spans(source, edits)
+    try:
+        ast.parse(new)
+    except SyntaxError as e:  # never expected: each edit is a literal in place of an expression
+        raise ScaleError(f"the scaled script does not parse: {e}") from e
+    unmatched = [k for k, v in overrides.items()
+                 if v is not None and not any(n in applied for n in KNOBS.get(k, (k,)))]
+    result = ScaleResult(source=new, applied=applied, unmatched=unmatched, problems=list(p.problems),
+                         notes=list(p.notes), settings=settings, config=p.config)
+    if run_check:
+        c = check(new, even_layers=p.model.even_layers, layer_ties=p.model.layer_ties,
+                  record_layers=p.config.get("record_layers"))
+        result.problems += [q for q in c.problems if q not in result.problems]
+        result.notes += c.notes
+        result.hyperparameters, result.model = c.values, c.model
+        result.asserts_checked, result.invariants_checked = c.asserts_checked, c.invariants_checked
+    return result
+
+
+def scale_record(source: str, overrides: dict[str, object] | None = None, *, shards: Path | None = None,
+                 run_check: bool = True) -> ScaleResult:
+    """The CPU configuration for one record: CPU_DEFAULTS, then the user's knobs and names.
+
+    `shards`: a folder of `train_*.bin` / `val_*.bin` the script should read.
+    """
+    user = dict(overrides or {})
+    knobs = {**CPU_DEFAULTS, **user}
+    if shards is not None:
+        shards = Path(shards)
+        knobs.setdefault("train_files", str(shards / "train_*.bin"))
+        knobs.setdefault("val_files", str(shards / "val_*.bin"))
+    explicit = set(user) | {"train_files", "val_files"}
+    result = scale_script(source, knobs, explicit=explicit, run_check=run_check)
+    # defaults that a record has no place for are not worth reporting as unmatched
+    result.unmatched = [k for k in result.unmatched if k in explicit]
+    return result
+
+
+__all__ = ["CPU_DEFAULTS", "KNOBS", "ScaleError", "ScaleResult", "expand", "scale_record", "scale_script"]

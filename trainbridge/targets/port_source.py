@@ -31,6 +31,7 @@ Target cuda: the program is returned unchanged.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Literal
 
 import libcst as cst
@@ -57,7 +58,6 @@ _AUTOCAST_FUNCS = {"autocast"}
 
 _GPU_ONLY_ATTRS = {
     "_scaled_mm": "FP8 matmul (torch._scaled_mm): no FP8 GEMM on this target; the public ports used bf16 matmuls",
-    "multi_processor_count": "SM-count query: no streaming multiprocessors on this target",
     "get_device_properties": "GPU device-property query",
     "get_device_capability": "GPU compute-capability query",
 }
@@ -85,10 +85,28 @@ class PortChange(BaseModel):
     note: str = ""
 
 
+# `construct` is the word for what was found; pydantic warns that it shadows the deprecated
+# BaseModel.construct classmethod, which nothing here calls.
+warnings.filterwarnings("ignore", message='Field name "construct" in "PortBlocker"', category=UserWarning)
+
+
+class PortBlocker(BaseModel):
+    """A construct the port found and cannot make run on the target."""
+
+    file: str
+    line: int
+    construct: str = Field(..., description="what was found, e.g. 'Triton kernel _foo_kernel (launched by bar)'")
+    reason: str = Field(..., description="why it cannot be ported (no catalog entry, check failed ...)")
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} {self.construct}: {self.reason}"
+
+
 class PortResult(BaseModel):
     target: PortTarget
     files: dict[str, str]
     changes: list[PortChange] = Field(default_factory=list)
+    blockers: list[PortBlocker] = Field(default_factory=list, description="constructs the port could not make run")
 
     @property
     def gpu_only(self) -> list[PortChange]:
@@ -132,6 +150,15 @@ def _is_autocast(call: cst.Call) -> bool:
     return name in _AUTOCAST_FUNCS
 
 
+def _runs_nvidia_smi(call: cst.Call) -> bool:
+    """`subprocess.run(["nvidia-smi"], ...)`: the GPU report programs print at start."""
+    if _dotted(call.func) not in ("subprocess.run",) or not call.args:
+        return False
+    first = call.args[0].value
+    return isinstance(first, cst.List) and bool(first.elements) and \
+        _string_value(first.elements[0].value) == "nvidia-smi"
+
+
 def _torch_cuda_member(func) -> str | None:
     """'synchronize' for torch.cuda.synchronize; None otherwise."""
     if m.matches(func, m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("cuda")))):
@@ -139,14 +166,84 @@ def _torch_cuda_member(func) -> str | None:
     return None
 
 
+_COMPILER_MODULES = ("torch._inductor", "torch._dynamo")
+
+
+def _compiler_aliases(module: cst.Module) -> set[str]:
+    """Local names bound to torch._inductor / torch._dynamo (or their config) by imports."""
+    names = set(_COMPILER_MODULES)
+    for node in module.body:
+        if not isinstance(node, cst.SimpleStatementLine):
+            continue
+        for small in node.body:
+            if isinstance(small, cst.Import):
+                for a in small.names:
+                    full = _code(a.name)
+                    if full.startswith(_COMPILER_MODULES) and a.asname is not None:
+                        names.add(_code(a.asname.name))
+            elif isinstance(small, cst.ImportFrom) and small.module is not None \
+                    and not isinstance(small.names, cst.ImportStar):
+                mod = _code(small.module)
+                for a in small.names:
+                    full = f"{mod}.{_code(a.name)}"
+                    if full.startswith(_COMPILER_MODULES):
+                        names.add(_code(a.asname.name) if a.asname else _code(a.name))
+    return names
+
+
 class _Porter(cst.CSTTransformer):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, file: str, target: PortTarget):
+    def __init__(self, file: str, target: PortTarget, compiler_names: set[str] = frozenset()):
         super().__init__()
         self.file, self.target, self.changes = file, target, []
         self._keep_strings: set[int] = set()  # ids of string nodes to leave (cpu autocast device_type)
         self._seen: set[tuple[int, str, str]] = set()
+        self._compiler_names = set(compiler_names) | set(_COMPILER_MODULES)
+        self._function_depth = 0
+
+    def visit_FunctionDef(self, node) -> None:
+        self._function_depth += 1
+
+    def leave_FunctionDef(self, original, updated):
+        self._function_depth -= 1
+        return updated
+
+    # ------------------------------------------------------ statements dropped ----
+    def leave_Assert(self, original: cst.Assert, updated: cst.Assert):
+        # `assert torch.cuda.is_available()` states "this program needs a GPU": on the cpu
+        # target the port answers that by running on the CPU, so the assert goes.
+        if self.target == "cpu" and "torch.cuda.is_available" in _code(original.test):
+            self._forget_inside(original)
+            self._note(original, "assert_dropped", _code(original), "(removed)",
+                       "the program asserts a GPU; the cpu port runs without one")
+            return cst.RemoveFromParent()
+        return updated
+
+    def leave_Expr(self, original: cst.Expr, updated: cst.Expr):
+        # `enable_math_sdp(False)` and friends pick CUDA's attention kernels (cuDNN only, say);
+        # on another target they would switch off the kernels it has, so they go.
+        call = original.value
+        if isinstance(call, cst.Call):
+            name = _dotted(call.func) or ""
+            if re.fullmatch(r"(torch\.backends\.cuda\.)?enable_\w+_sdp", name):
+                self._note(original, "cuda_api", _code(original), "(removed)",
+                           "CUDA attention-kernel choice: the target picks among its own kernels")
+                return cst.RemoveFromParent()
+        return updated
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+        # torch._inductor / torch._dynamo settings only tune torch.compile, which the naive
+        # port removes: they go with it.
+        targets = [_dotted(t.target) or "" for t in original.targets]
+        # an alias (`config.x = ...` after `import torch._inductor.config as config`) counts only
+        # outside functions, where a parameter of the same name cannot shadow it
+        by_alias = self._function_depth == 0 and any(t.split(".")[0] in self._compiler_names for t in targets)
+        if (by_alias or any(t.startswith(_COMPILER_MODULES) for t in targets)) and all("." in t for t in targets):
+            self._note(original, "compiler_config", _code(original), "(removed)",
+                       "compiler setting of torch.compile, which the naive port removes")
+            return cst.RemoveFromParent()
+        return updated
 
     # ------------------------------------------------------------------ record ----
     def _line(self, node) -> int:
@@ -162,6 +259,11 @@ class _Porter(cst.CSTTransformer):
         self._seen.add(key)
         self.changes.append(PortChange(file=self.file, line=self._line(node), kind=kind, before=before,
                                        after=after, note=note, semantic_change=semantic))
+
+    def _forget_inside(self, node) -> None:
+        """Drop the notes of edits inside `node`, which is replaced as a whole."""
+        line, text = self._line(node), _code(node)
+        self.changes = [c for c in self.changes if not (c.line == line and c.before in text)]
 
     def _gpu_only(self, node, what: str, note: str):
         self._note(node, "gpu_only_feature", what, what, note, semantic=True)
@@ -195,6 +297,15 @@ class _Porter(cst.CSTTransformer):
             updated = updated.with_changes(args=[*updated.args[:-1],
                                                  updated.args[-1].with_changes(comma=original.args[-1].comma)])
         func = original.func
+        if _runs_nvidia_smi(original) and self.target != "cuda":
+            # the hardware report GPU programs log: no GPU tool here, and no process to start
+            tool = "npu-smi info" if self.target == "npu" else "lscpu"
+            new = cst.parse_expression(
+                f'subprocess.CompletedProcess(args=["nvidia-smi"], returncode=0, '
+                f'stdout="nvidia-smi: no NVIDIA GPU on the {self.target} target (see {tool})\\n", stderr="")')
+            self._note(original, "cuda_api", _code(original), _code(new),
+                       "GPU hardware report: the port answers it without starting nvidia-smi")
+            return new
         member = _torch_cuda_member(func)
         if member is not None and self.target == "cpu":
             if member == "is_available":
@@ -289,6 +400,13 @@ class _Porter(cst.CSTTransformer):
     # --------------------------------------------------------- torch.cuda (npu) ----
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
         name = original.attr.value
+        if name == "multi_processor_count":
+            # the SM count sizes Triton grids and persistent kernels, which the port replaces
+            new = cst.parse_expression("torch.get_num_threads()")
+            self._forget_inside(original)
+            self._note(original, "cuda_api", _code(original), _code(new),
+                       "SM-count query: the target has no streaming multiprocessors; its thread count stands in")
+            return new
         if name in _GPU_ONLY_ATTRS:
             self._gpu_only(original, _code(original), _GPU_ONLY_ATTRS[name])
         elif name == "elapsed_time" and self.target == "cpu":
@@ -368,7 +486,7 @@ def port_source(text: str, file: str, target: PortTarget) -> tuple[str, list[Por
         return text, []
     module = cst.parse_module(text)
     wrapper = MetadataWrapper(module)
-    porter = _Porter(file, target)
+    porter = _Porter(file, target, _compiler_aliases(module))
     new = wrapper.visit(porter)
     changes = porter.changes
     if target == "npu" and "torch" in text and not re.search(r"^\s*import torch_npu", text, re.M):
@@ -381,8 +499,9 @@ def port_source(text: str, file: str, target: PortTarget) -> tuple[str, list[Por
     return new.code, changes
 
 
-def port_program(files: dict[str, str], target: PortTarget) -> PortResult:
-    """Port every Python file of a program; other files pass through unchanged."""
+def port_naive(files: dict[str, str], target: PortTarget) -> PortResult:
+    """The naive port of every Python file (devices, torch.cuda, NCCL, torch.compile), GPU-only
+    features reported but left as they are; other files pass through unchanged."""
     out, changes = {}, []
     for rel, text in files.items():
         if not rel.endswith(".py") or target == "cuda":
@@ -391,3 +510,15 @@ def port_program(files: dict[str, str], target: PortTarget) -> PortResult:
         out[rel], ch = port_source(text, rel, target)
         changes.extend(ch)
     return PortResult(target=target, files=out, changes=changes)
+
+
+def port_program(files: dict[str, str], target: PortTarget) -> PortResult:
+    """The whole port: the naive port, then each GPU-only feature replaced by its porter
+    (targets/features/). A feature the porters could not replace is a `PortBlocker` naming
+    the construct; the naive port's report of a feature that was replaced is dropped."""
+    from .features.pipeline import port_features
+
+    naive = port_naive(files, target)
+    if target == "cuda":
+        return naive
+    return port_features(naive)

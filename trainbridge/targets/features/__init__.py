@@ -25,16 +25,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ..port_source import PortChange, PortTarget
+__all__ = ["FeatureName", "FeaturePort", "FeatureResult", "PortBlocker", "PortChange"]
 
-
-class PortBlocker(BaseModel):
-    """A construct the port found and cannot make run on the target."""
-
-    file: str
-    line: int
-    construct: str = Field(..., description="what was found, e.g. 'Triton kernel _foo_kernel (launched by bar)'")
-    reason: str = Field(..., description="why it cannot be ported (no catalog entry, check failed ...)")
+from ..port_source import PortBlocker, PortChange, PortTarget
 
 
 class FeatureResult(BaseModel):

@@ -1,0 +1,74 @@
+"""`records run --port-only` and `--resume`: every record ported and trained a few real steps,
+and a Ctrl-C in the middle loses nothing.
+
+Runs on the shipped record-style series (our own programs in the records' forms).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainbridge.records.compare import RecordsRunOptions, run_records
+from trainbridge.records.extract import extract
+from trainbridge.records.port_check import loss_falls
+from trainbridge.records.report import table_md
+from trainbridge.records.results import RecordResult
+
+SERIES_LOGS = Path(__file__).resolve().parents[1] / "workloads" / "records" / "logs"
+SMALL = {"layers": 2, "width": 64, "heads": 2, "seq": 64, "batch": 4}
+
+
+def test_loss_falls_needs_finite_falling_losses():
+    assert loss_falls([5.0, 4.8, 4.5])[0]
+    assert not loss_falls([5.0, 5.1, 5.2])[0]
+    assert not loss_falls([5.0, float("nan"), 4.0])[0]
+    assert not loss_falls([5.0, None, 4.0])[0] and not loss_falls([])[0]
+
+
+@pytest.mark.slow
+def test_port_only_then_resume_after_an_interrupt(tmp_path):
+    index = extract(SERIES_LOGS)
+    opts = RecordsRunOptions(target="cpu", source=str(SERIES_LOGS), overrides=SMALL, only=[2, 5], port_only=True)
+    seen = []
+
+    def interrupt_on_second(entry):
+        seen.append(entry.num)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_records(index, tmp_path, opts, on_record=interrupt_on_second)
+    rows = json.loads((tmp_path / "records_results.json").read_text())
+    assert [r["num"] for r in rows] == [2, 5]
+    first = RecordResult.model_validate(rows[0])
+    assert first.status == "port_ok", first.reason
+    check = first.port_check
+    assert check.ported and check.run_status == "ok" and check.loss_falling and len(check.losses) == 6
+    assert check.changes_by_kind.get("device") and check.median_step_ms > 0
+    assert json.loads((tmp_path / "records_run.json").read_text())["port_only"] is True
+
+    again = []
+    results = run_records(index, tmp_path, opts, on_record=lambda e: again.append(e.num), resume=True)
+    assert again == [5], "the finished record was run again"
+    assert [r.status for r in results] == ["port_ok", "port_ok"]
+    table = table_md(results)
+    assert "runs (port only)" in table and "Records that run on this target: 2 of 2" in table
+
+
+def test_a_record_the_port_cannot_run_says_which_construct(tmp_path):
+    """A program with a Triton kernel nobody can replace: not ported, with the kernel named."""
+    from trainbridge.records.port_check import check_port
+
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "train_gpt.py").write_text(
+        "import torch\nimport triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        "def my_strange_kernel(x_ptr, n, BLOCK: tl.constexpr):\n"
+        "    i = tl.arange(0, BLOCK)\n    tl.store(x_ptr + i, tl.load(x_ptr + i) * 3 + 1)\n\n\n"
+        "def strange(x):\n    my_strange_kernel[(1,)](x, x.numel(), BLOCK=16)\n    return x\n\n\n"
+        "print(strange(torch.zeros(16, device='cuda')))\n")
+    (tmp_path / "w" / "trainbridge.toml").write_text(
+        'name = "x"\nentry = "train_gpt.py"\neditable = ["train_gpt.py"]\nnative_device = "cuda"\n[work]\nunit = "tokens"\nper_step = 1\n')
+    check = check_port(tmp_path / "w", "cpu", tmp_path / "out")
+    assert not check.ported and check.run_status is None
+    assert "my_strange_kernel" in check.reason or "triton" in check.reason.lower(), check.reason
