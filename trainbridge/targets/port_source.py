@@ -45,7 +45,7 @@ ChangeKind = Literal["device", "cuda_api", "memory_stat", "backend", "pin_memory
                      "precision_lost", "precision", "import", "gpu_only_feature",
                      # GPU-only features replaced by targets/features/ (each a reviewed edit)
                      "distributed", "world_size", "assert_dropped", "compiler_config", "attention_replaced",
-                     "kernel_replaced", "fp8_to_16bit", "shim_added"]
+                     "kernel_replaced", "fp8_to_16bit", "shim_added", "eager_autograd"]
 
 _CUDA_STR = re.compile(r"^cuda(:\d+)?$")
 _CPU_EQUIV = {"synchronize", "current_device", "set_device", "device_count", "current_stream", "stream",
