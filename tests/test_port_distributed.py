@@ -2,7 +2,8 @@
 
 The program is ours, written the way the Modded-NanoGPT record scripts are: it cannot start
 without torchrun (`os.environ["RANK"]`), asserts a GPU, opens an NCCL group with a device_id,
-shards its optimizer with reduce_scatter / all_gather futures and wraps the model in DDP.
+shards its optimizer with reduce_scatter / all_gather futures (into a `(world_size, n)` buffer,
+as records 19 on do) and wraps the model in DDP.
 """
 
 import math
@@ -52,7 +53,8 @@ def test_the_port_rewrites_what_one_cpu_rank_cannot_do():
     assert 'backend="gloo"' in out and "device_id" not in out       # composite backend, no device_id
     assert "DDP(model)" in out and "device_ids" not in out
     assert "_tb_collectives.reduce_scatter_tensor(" in out and "import _tb_collectives" in out
-    assert "dist.all_gather_into_tensor(" in out                    # gloo has its future: untouched
+    # gloo wants the gather's rank dimension flat; NCCL takes the (world_size, n) buffer
+    assert "_tb_collectives.all_gather_into_tensor(" in out
     assert "_tb_collectives.py" in r.files
     assert "enable_math_sdp(False)" not in out and "enable_cudnn_sdp" not in out.split("import")[-1]
     assert "coordinate_descent_tuning" not in out and "cache_size_limit" not in out

@@ -72,3 +72,60 @@ def test_a_record_the_port_cannot_run_says_which_construct(tmp_path):
     check = check_port(tmp_path / "w", "cpu", tmp_path / "out")
     assert not check.ported and check.run_status is None
     assert "my_strange_kernel" in check.reason or "triton" in check.reason.lower(), check.reason
+
+
+# records 15-22 in miniature: the loader globs its pattern from the working folder
+# (`Path.cwd().glob` refuses an absolute pattern) and the log goes to a `logs/` it never makes
+RELATIVE_IO = '''
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+import numpy as np
+import torch
+import torch.nn as nn
+
+@dataclass
+class Hyperparameters:
+    train_files : str = "data/fineweb10B/fineweb_train_*.bin"
+    val_files : str = "data/fineweb10B/fineweb_val_*.bin"
+    sequence_length : int = 64
+    num_iterations : int = 50
+
+args = Hyperparameters()
+files = sorted(Path.cwd().glob(args.train_files))
+assert files, args.train_files
+tokens = torch.from_numpy(np.fromfile(files[0], dtype=np.uint16, offset=256 * 4).astype(np.int64)) % 256
+logfile = f"logs/{uuid.uuid4()}.txt"
+with open(logfile, "w") as f:
+    print("start", file=f)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Embedding(256, 32), nn.Linear(32, 256)).cuda()
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+T = args.sequence_length
+for step in range(args.num_iterations):
+    x = tokens[step * T:(step + 1) * T].cuda()
+    y = tokens[step * T + 1:(step + 1) * T + 1].cuda()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with open(logfile, "a") as f:
+        print(step, loss.item(), file=f)
+'''
+
+
+def test_a_record_reads_shards_and_writes_logs_relative_to_its_folder(tmp_path):
+    from trainbridge.records.compare import write_workload
+    from trainbridge.records.models import RecordEntry
+    from trainbridge.records.port_check import check_port
+    from trainbridge.records.shards import make_record_shards
+
+    shards = make_record_shards(tmp_path / "shards", train_tokens=20_000, val_tokens=4096)
+    entry = RecordEntry(key="relative-io", num=99, name="RelativeIO", script=RELATIVE_IO)
+    dest = tmp_path / "workload"
+    scaled = write_workload(entry, dest, {"seq": 64}, shards)
+    assert "train_files : str = 'data/train_*.bin'" in scaled.source  # relative: the script globs it from cwd
+    assert (dest / "data").is_dir() and any((dest / "data").glob("train_*.bin")) and (dest / "logs").is_dir()
+    check = check_port(dest, "cpu", tmp_path / "out")
+    assert check.run_status == "ok", check.reason
+    assert check.loss_falling, check.losses

@@ -434,3 +434,39 @@ def test_the_per_record_table(tmp_path):
     (tmp_path / "records.json").write_text(index.model_dump_json())
     assert main([str(tmp_path / "records.json"), "--set", "steps=100", "-o", str(tmp_path / "t.md")]) == 0
     assert "| 5 | 2024-10-14_A | 4 | 2 x 64 = 128 | 1024 | 100 |" in (tmp_path / "t.md").read_text()
+
+
+# records 16-17: the block mask is built over a hard-coded count of 128-token blocks
+HARD_CODED_BLOCKS = '''
+from dataclasses import dataclass
+import torch
+
+@dataclass
+class Hyperparameters:
+    sequence_length : int = 64*1024
+    num_iterations : int = 1000
+
+class GPT(torch.nn.Module):
+    def forward(self, inputs, sliding_window_num_blocks):
+        BLOCK_SIZE = 128
+        docs = (inputs == 50256).cumsum(0)
+        docs_low = docs.view(-1, BLOCK_SIZE)[:, 0]
+
+        def create_doc_swc_block_mask(sliding_window_num_blocks):
+            kv_idx = block_idx = torch.arange(512, dtype=torch.int32, device="cuda")
+            q_idx = block_idx[:, None]
+            return (q_idx >= kv_idx) & (docs_low[:, None] <= docs_low)
+
+        return create_doc_swc_block_mask(sliding_window_num_blocks)
+
+positions = torch.arange(512)  # not a mask: untouched
+'''
+
+
+def test_a_hard_coded_block_count_follows_the_sequence():
+    r = scale_script(HARD_CODED_BLOCKS, {"seq": 1024}, run_check=False)
+    assert "sequence_length : int = 1024" in r.source
+    assert 'torch.arange(8, dtype=torch.int32, device="cuda")' in r.source
+    assert "positions = torch.arange(512)" in r.source
+    (where,) = r.applied["mask_blocks"]
+    assert r.settings[where] == 8 and "torch.arange(512)" in where

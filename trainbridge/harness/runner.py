@@ -48,11 +48,15 @@ def ensure_prepared(workload: Workload) -> None:
 
 def materialize(workload: Workload, sources: dict[str, str], dest: Path) -> Path:
     """Lay out a runnable copy of the program in `dest`: the given Python sources written,
-    every other file of the workload linked, so data paths relative to the script hold."""
+    every other file of the workload linked, so data paths relative to the script hold.
+    Folders are made, empty ones too: a program may write into a `logs/` it never creates."""
     dest.mkdir(parents=True, exist_ok=True)
     for path in workload.root.rglob("*"):
         rel = path.relative_to(workload.root)
-        if "__pycache__" in rel.parts or path.is_dir():
+        if "__pycache__" in rel.parts:
+            continue
+        if path.is_dir():
+            (dest / rel).mkdir(parents=True, exist_ok=True)
             continue
         out = dest / rel
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -54,14 +54,31 @@ TRAIN_TOKENS = 600_000
 VAL_TOKENS = 65_536
 
 
+WORKLOAD_DATA = "data"  # the shards' folder inside a record's workload, as the script names it
+
+
+def link_shards(shards: Path, dest: Path) -> None:
+    """Link every shard file into `dest`, so the script reads them by a path relative to its folder."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in sorted(Path(shards).glob("*.bin")):
+        link = dest / f.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(f.resolve())
+
+
 def write_workload(entry: RecordEntry, dest: Path, overrides: dict[str, object], shards: Path,
                    *, warmup: int = 3, measured: int = 8) -> ScaleResult:
     """The scaled script as a workload folder with a manifest the loop can run.
 
     `overrides` are the user's `--set` knobs and names; the CPU defaults apply under them."""
     assert entry.script is not None
-    scaled = scale_record(entry.script, overrides, shards=shards)
     dest.mkdir(parents=True, exist_ok=True)
+    link_shards(shards, dest / WORKLOAD_DATA)
+    # the records read and write relative to their folder: `Path.cwd().glob(pattern)` refuses
+    # an absolute pattern, and several eras open `logs/<run id>.txt` without creating `logs/`
+    (dest / "logs").mkdir(exist_ok=True)
+    scaled = scale_record(entry.script, overrides, shards=Path(WORKLOAD_DATA))
     (dest / "train_gpt.py").write_text(scaled.source)
     for name, text in entry.extra_files.items():
         (dest / name).write_text(text)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .scale_check import check
-from .scale_plan import FILE_NAMES, plan
+from .scale_plan import FILE_NAMES, block_count_edits, plan
 from .scale_sites import find_sites, literal_source, replace_spans
 
 # knob -> the field / keyword / constant names the records (and our series) use for it
@@ -136,6 +136,11 @@ def scale_script(source: str, overrides: dict[str, object], *, explicit: set[str
         edits.append((s.node, text))
         applied.setdefault(s.name, []).append(s.where)
         settings[s.where] = value
+    for node, old, count in block_count_edits(tree, sites, p.values):
+        edits.append((node, str(count)))
+        where = f"torch.arange({old}) line {node.lineno}"
+        applied.setdefault("mask_blocks", []).append(where)
+        settings[where] = count
     new = replace_spans(source, edits)
     try:
         ast.parse(new)

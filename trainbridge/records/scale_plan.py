@@ -376,3 +376,28 @@ def _value(s: Site, i: int, k, names, *, layers, heads, width, head_dim, seq, ba
     if n in ("num_iterations", "num_scheduled_iterations", *EXTENSION_STEPS, *SCALED_STEPS):
         return step_value(s)
     return MISSING
+
+
+MASK_BLOCK = 128  # FlexAttention's block: a block mask over T tokens has T // 128 rows
+
+
+def block_count_edits(tree: ast.Module, sites: list[Site], values: dict[int, object]) -> list[tuple[ast.expr, int, int]]:
+    """`torch.arange(512, ...)` where 512 is the record's sequence in mask blocks (records 16-17
+    build their block mask over a hard-coded count): (node, old, new) for the scaled sequence."""
+    seq_i = next((i for i, s in enumerate(sites) if s.name in SEQ_FIELDS and isinstance(s.value, int)), None)
+    if seq_i is None or not isinstance(values.get(seq_i), int):
+        return []
+    old, new = sites[seq_i].value // MASK_BLOCK, values[seq_i] // MASK_BLOCK
+    if old == new or old < 2:
+        return []
+    out = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if "BlockMask" not in ast.unparse(fn) and "block_mask" not in fn.name:
+            continue
+        for call in ast.walk(fn):
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "arange"
+                    and call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value == old):
+                out.append((call.args[0], old, new))
+    return out

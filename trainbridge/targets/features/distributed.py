@@ -12,8 +12,10 @@ torchrun for one rank (`harness/torchrun_env.py`) and the naive port turns NCCL 
   per-rank quantity computed from the world size (batch slices, gradient accumulation,
   validation steps) is listed as a `world_size` change, so the ledger says what one rank
   changed;
-* gloo's reduce_scatter work has no `get_future()`: those calls go through
-  `_tb_collectives` (cpu), which returns a completed future after the collective.
+* gloo's reduce_scatter work has no `get_future()`, and gloo's tensor-form collectives
+  (`all_gather_into_tensor`, `reduce_scatter_tensor`) want the rank dimension flat where NCCL
+  takes any shape of the right size (`(world_size, n)` buffers): those calls go through
+  `_tb_collectives` (cpu), which flattens and returns a completed future after the collective.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from . import FeatureResult
 
 SHIM = "collectives"
 SHIM_MODULE = shim_filename(SHIM).removesuffix(".py")
-_NO_FUTURE_ON_GLOO = {"reduce_scatter_tensor", "reduce_scatter"}
+_NO_FUTURE_ON_GLOO = {"reduce_scatter_tensor", "reduce_scatter", "all_gather_into_tensor"}
 _WORLD = re.compile(r"world_size|WORLD_SIZE")
 _DDP = {"DDP", "DistributedDataParallel"}
 
@@ -213,7 +215,7 @@ def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
     if shim:
         out = add_shim(out, SHIM)
         changes.append(PortChange(file=shim_filename(SHIM), line=1, kind="shim_added", before="",
-                                  after=shim_filename(SHIM), note="reduce_scatter with a future on gloo"))
+                                  after=shim_filename(SHIM), note="collectives in NCCL's shapes and with futures on gloo"))
     return FeatureResult(files=out, changes=changes)
 
 
