@@ -121,3 +121,15 @@ def test_relative_out_dir_works_from_any_working_directory(tmp_path, monkeypatch
     r = run_workload(_tiny(), "cpu", out_dir="runs/rel", warmup_steps=1, measured_steps=2)
     assert r.ok, r.error
     assert (tmp_path / "runs" / "rel" / "results").is_dir()
+
+
+def test_peak_memory_is_the_programs_own_not_its_parents(tmp_path):
+    """Linux carries ru_maxrss across fork and exec: a parent holding 1 GB made every child
+    report 1 GB (the records runner's children all read 4545 MB). The child reports its own."""
+    ballast = bytearray(1024 * 2**20)  # the parent's memory, touched
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    r = run_workload(_tiny(), "cpu", out_dir=tmp_path, warmup_steps=1, measured_steps=2)
+    del ballast
+    assert r.status == "ok", r.error
+    assert 0 < r.peak_memory_mb < 1000, r.peak_memory_mb

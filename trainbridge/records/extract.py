@@ -283,6 +283,7 @@ def _entry(key: str, folder: Path, files: list[Path]) -> tuple[RecordEntry, Matc
         entry.no_script_reason = ("the log embeds no Python script (an llm.c log)" if chosen else "no log")
     else:
         entry.script, entry.extra_files, entry.script_log = main.script, main.extra_files, main.path
+    entry.logs = [log.compact() for log in chosen]
     return entry, match
 
 

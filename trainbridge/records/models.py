@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -34,6 +35,21 @@ class ParsedLog(BaseModel):
     final_train_time_ms: int | None = None
     final_step_avg_ms: float | None = None
     peak_memory_mib: int | None = None
+    script_sha256: str | None = Field(None, description="the embedded script's digest; in records.json the text "
+                                                         "itself is kept once, on the record (compact)")
+    step_lines: int | None = Field(None, description="timing lines the log had; records.json keeps the "
+                                                     "validation lines and the last one (compact)")
+
+    def compact(self) -> "ParsedLog":
+        """The log as records.json keeps it: a checkout's ~1,200 logs embed the same scripts and
+        ~1,000 step lines each (380 MB of JSON, 3 GB in memory); its digest, validation curve
+        and final line are what a reader of the index uses."""
+        keep = [s for s in self.steps if s.val_loss is not None]
+        if self.steps and (not keep or keep[-1] is not self.steps[-1]):
+            keep.append(self.steps[-1])
+        digest = hashlib.sha256(self.script.encode()).hexdigest() if self.script else self.script_sha256
+        return self.model_copy(update={"script": None, "extra_files": {}, "script_sha256": digest, "steps": keep,
+                                       "step_lines": len(self.steps) if self.step_lines is None else self.step_lines})
 
 
 class KnownRecord(BaseModel):

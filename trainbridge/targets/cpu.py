@@ -21,11 +21,26 @@ class CpuTarget(Target):
         torch.cpu.synchronize()
 
     def reset_peak_memory(self) -> None:
-        # ru_maxrss cannot be reset; peak RSS of the whole process is what we report.
+        # the high-water mark cannot be reset; peak RSS of the whole process is what we report.
         return None
 
     def peak_memory_mb(self) -> float:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        return peak_rss_mb()
 
     def device_name(self) -> str:
         return cpu_model()
+
+
+def peak_rss_mb() -> float:
+    """This program's peak resident memory: VmHWM of its own address space.
+
+    Not `ru_maxrss`: Linux carries that across fork and exec, so a child started by a parent
+    holding 4 GB reports 4 GB whatever it used itself."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # no /proc (macOS: bytes there)
