@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainbridge.harness.loglines import parse_line, parse_log
 from trainbridge.harness.runner import run_workload
@@ -133,3 +134,21 @@ def test_peak_memory_is_the_programs_own_not_its_parents(tmp_path):
     del ballast
     assert r.status == "ok", r.error
     assert 0 < r.peak_memory_mb < 1000, r.peak_memory_mb
+
+
+def test_an_optimizer_written_as_a_plain_class_ends_each_step(tmp_path):
+    """The 2026 records' NorMuonAndAdam is no torch.optim.Optimizer: without its own hook the
+    harness saw no step and let the program run to its end ("timeout at step 0 of 6"). A
+    schedule with a step() but no parameters must not count as a second optimizer."""
+    from trainbridge.harness.handwritten_optimizers import holds_parameters
+
+    wl = load_workload(TINY.parent / "handwritten_optim")
+    r = run_workload(wl, "cpu", out_dir=tmp_path, warmup_steps=2, measured_steps=4)
+    assert r.status == "ok", r.error
+    assert len(r.steps) == 6 and r.optimizers_per_step == 1
+    assert all(s.backward_calls == 1 and s.work_items == 8 for s in r.steps)
+    assert "ran to the end" not in (tmp_path / "results").joinpath(
+        next(p.name for p in (tmp_path / "results").glob("*.stdout.log"))).read_text()
+    p = torch.nn.Parameter(torch.zeros(1))
+    assert holds_parameters(type("O", (), {"__init__": lambda s: setattr(s, "groups", [{"params": [p]}])})())
+    assert not holds_parameters(type("S", (), {"__init__": lambda s: setattr(s, "t", 0)})())

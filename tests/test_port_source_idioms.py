@@ -111,3 +111,23 @@ def test_nanogpt_cpu_port_imports_builds_and_steps(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ok torch.float32 cpu" in out.stdout
+
+
+def test_the_compiled_modules_original_is_the_module_itself_once_compile_is_removed():
+    """records 84+: `quantize_weights_fp8(model._orig_mod)` after `model = torch.compile(model)`."""
+    src = textwrap.dedent('''
+        import torch
+        model = torch.nn.Linear(4, 4).cuda()
+        model = torch.compile(model, dynamic=False)
+        raw = model._orig_mod
+        raw.weight.data.zero_()
+        print("zeroed", float(model.weight.abs().sum()))
+    ''')
+    r = port_program({"p.py": src}, "cpu")
+    out = r.files["p.py"]
+    assert "_orig_mod" not in out and "raw = model\n" in out
+    assert any(c.kind == "compile_removed" and c.before == "model._orig_mod" for c in r.changes)
+    ns: dict = {}
+    exec(compile(out, "p.py", "exec"), ns)
+    assert ns["raw"] is ns["model"]
+    assert port_program({"p.py": src}, "cuda").files["p.py"] == src

@@ -470,3 +470,58 @@ def test_a_hard_coded_block_count_follows_the_sequence():
     assert "positions = torch.arange(512)" in r.source
     (where,) = r.applied["mask_blocks"]
     assert r.settings[where] == 8 and "torch.arange(512)" in where
+
+
+KERNEL_WARMUP = '''
+import copy
+from dataclasses import dataclass
+import torch
+from torch import nn
+
+@dataclass
+class Hyperparameters:
+    train_seq_len: int = 48 * 1024
+    num_iterations: int = 1750
+    warmup_steps: int = 0   # a field of the same name: not the kernel warmup
+
+args = Hyperparameters()
+model = nn.Linear(4, 4)
+optimizers = [torch.optim.Adam(model.parameters())]
+warmup_steps = WARMUP
+initial_state = dict(model=copy.deepcopy(model.state_dict()),
+                     optimizers=[copy.deepcopy(opt.state_dict()) for opt in optimizers])
+for step in STEPS:
+    model(torch.randn(2, 4)).sum().backward()
+    for opt in optimizers:
+        opt.step()
+    model.zero_grad(set_to_none=True)
+model.load_state_dict(initial_state["model"])
+
+def get_lr(step, warmup_steps=10):
+    return min(1.0, step / warmup_steps)
+'''
+
+
+@pytest.mark.parametrize("warmup, steps, skipped", [
+    ("10", "range(warmup_steps)", "1"),                                             # records 21-53
+    ("sorted({0, 1, 2} | set(s + o for s in [5] for o in [-1, 0, 1]))", "warmup_steps", "[0]"),  # 54 on
+])
+def test_the_gpu_kernel_warmup_is_cut_to_one_step_and_training_steps_are_timed(warmup, steps, skipped):
+    """The records run their step N times to compile kernels, then restore the initial state:
+    on an eager port those would be the steps the harness times (records 44-46: Adam never
+    steps in the warmup, so the port check saw a flat loss and refused a working port). One
+    step stays: the optimizers create their buffers in it (records 44-46 zero them after)."""
+    src = KERNEL_WARMUP.replace("WARMUP", warmup).replace("STEPS", steps)
+    r = scale_script(src, {"seq": 1024}, run_check=False)
+    assert f"\nwarmup_steps = {skipped}\n" in r.source
+    assert "warmup_steps: int = 0" in r.source and "def get_lr(step, warmup_steps=10)" in r.source
+    (where,) = r.applied["kernel_warmup_steps"]
+    assert r.settings[where] == skipped
+    assert any("kernel warmup cut to one step" in n for n in r.notes)
+    ns: dict = {}
+    exec(compile(r.source, "scaled.py", "exec"), ns)  # one step, then the state restored
+    assert "exp_avg" in ns["optimizers"][0].state_dict()["state"][0], "the warmup step made the buffers"
+    # a script without the state restore keeps its loop: it is training, not a warmup
+    plain = scale_script(src.replace('model.load_state_dict(initial_state["model"])', "").replace(
+        "initial_state = dict(", "saved = dict("), {"seq": 1024}, run_check=False)
+    assert "kernel_warmup_steps" not in plain.applied

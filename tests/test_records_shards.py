@@ -84,7 +84,11 @@ def test_make_record_shards_from_source_files(tmp_path):
     out = make_record_shards(tmp_path / "data", train_tokens=20000, val_tokens=3000, max_doc_tokens=128,
                              source_root=root)
     found = check_shards(out)
-    assert [s.num_tokens for s in found.train] == [20000] and [s.num_tokens for s in found.val] == [3000]
+    assert sum(s.num_tokens for s in found.train) == 20000 and [s.num_tokens for s in found.val] == [3000]
+    # two training files (the 2026 records preload the second as they open the first), cut at a
+    # document start, about half each
+    assert [Path(s.path).name for s in found.train] == ["train_000000.bin", "train_000001.bin"]
+    assert all(abs(s.num_tokens - 10000) <= 128 for s in found.train)
     for s in found.train + found.val:
         assert s.starts_with_bos and s.max_id <= BOS and s.documents > 10
         assert s.doc_tokens_max <= 128, "documents are capped for the scaled batch"
@@ -104,6 +108,10 @@ def test_make_record_shards_from_source_files(tmp_path):
     assert make_record_shards(tmp_path / "data", train_tokens=20000, val_tokens=3000, max_doc_tokens=128,
                               source_root=root) == out
     assert (out / "train_000000.bin").stat().st_mtime_ns == stamp
+    # asked for one file: remade as one, the second file gone
+    make_record_shards(tmp_path / "data", train_tokens=20000, val_tokens=3000, max_doc_tokens=128,
+                       source_root=root, train_files=1)
+    assert [Path(s.path).name for s in check_shards(out).train] == ["train_000000.bin"]
 
 
 def test_validation_comes_from_other_files(tmp_path):
@@ -165,7 +173,7 @@ def test_stdlib_shards_feed_a_scaled_run(tmp_path):
     """The shipped defaults on this Python's standard library: 300 steps of 1024 tokens find
     documents (several per step) the way the BOS-aligned records do, never running dry."""
     out = make_record_shards(tmp_path, train_tokens=400_000, val_tokens=8192)
-    train = read_shard(out / "train_000000.bin")
+    train = np.concatenate([read_shard(p) for p in sorted(out.glob("train_*.bin"))])
     bos = bos_positions(train)
     pos, docs = 0, []
     for _ in range(300):

@@ -580,8 +580,8 @@ class InductorCapturePlugin(HarnessPlugin):
         return self.driver.wrap_forward(module, call)
 
     def on_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.driver is None:
-            return
+        if self.driver is None or not isinstance(optimizer, torch.optim.Optimizer):
+            return  # a hand-written optimizer runs as the program wrote it (its step is not a region)
         driver = self.driver
         driver.wrap_optimizer(optimizer)
         driver.on_optimizer_step()  # this first step is already under way, unwrapped

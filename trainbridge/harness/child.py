@@ -6,7 +6,8 @@ program's source is never edited here; everything is observed through public hoo
 
 - a *step* ends when every optimizer seen in the first step has stepped once more
   (global optimizer step post-hooks), so Muon + AdamW count as one step and gradient
-  accumulation (several backward calls) stays inside it;
+  accumulation (several backward calls) stays inside it; an optimizer the program writes as
+  a plain class reports through `handwritten_optimizers`;
 - the *loss* is the tensor `backward()` was called on, kept as a detached reference and
   read only after the run, so no host sync is added to a timed step;
 - the *work* of a step is read from the root module's inputs (integer tensors' numel =
@@ -38,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..targets import TargetUnavailable, get_target
 from ..targets.base import cpu_model
 from ..targets.capabilities import cpu_signature
+from .handwritten_optimizers import HandwrittenOptimizerHooks
 from .models import Environment, OpCount, RunRequest, RunResult, StepRecord
 from .plugins import HarnessPlugin, load_plugin
 
@@ -182,6 +184,9 @@ class StepClock:
 
         register_optimizer_step_pre_hook(self._opt_pre)
         register_optimizer_step_post_hook(self._opt_post)
+        # optimizers the program writes as plain classes: their step() reports the same way
+        self.handwritten = HandwrittenOptimizerHooks(Path(self.req.script).parent, self._opt_pre, self._opt_post)
+        self.handwritten.install()
         # Global module hooks only until the root module is known, then removed so they
         # cost nothing in timed steps and never meet a compiled region.
         self._global_handles = [
@@ -346,6 +351,8 @@ class StepClock:
         self.profile_ops = rows
 
     def close(self) -> None:
+        if getattr(self, "handwritten", None) is not None:
+            self.handwritten.uninstall()
         if self.function_tracer is not None:
             self.function_tracer.__exit__(None, None, None)
         if self.op_counter is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -67,6 +68,16 @@ def link_shards(shards: Path, dest: Path) -> None:
         link.symlink_to(f.resolve())
 
 
+# `run_id = f'final/{uuid.uuid4()}'` (records 28-40): the log goes to logs/final/<uuid>.txt,
+# and the scripts make only logs/ (their authors' machines had the sub-folder already)
+_RUN_ID_FOLDER = re.compile(r"""^\s*run_id\s*(?::\s*str\s*)?=\s*f?["']([\w.-]+(?:/[\w.-]+)*)/""", re.M)
+
+
+def run_id_folders(script: str) -> list[str]:
+    """The folders under logs/ that a record's default run id names (`final` for `'final/{uuid}'`)."""
+    return sorted({m.group(1) for m in _RUN_ID_FOLDER.finditer(script) if ".." not in m.group(1)})
+
+
 def write_workload(entry: RecordEntry, dest: Path, overrides: dict[str, object], shards: Path,
                    *, warmup: int = 3, measured: int = 8) -> ScaleResult:
     """The scaled script as a workload folder with a manifest the loop can run.
@@ -78,6 +89,8 @@ def write_workload(entry: RecordEntry, dest: Path, overrides: dict[str, object],
     # the records read and write relative to their folder: `Path.cwd().glob(pattern)` refuses
     # an absolute pattern, and several eras open `logs/<run id>.txt` without creating `logs/`
     (dest / "logs").mkdir(exist_ok=True)
+    for sub in run_id_folders(entry.script):
+        (dest / "logs" / sub).mkdir(parents=True, exist_ok=True)
     scaled = scale_record(entry.script, overrides, shards=Path(WORKLOAD_DATA))
     (dest / "train_gpt.py").write_text(scaled.source)
     for name, text in entry.extra_files.items():

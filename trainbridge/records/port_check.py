@@ -10,6 +10,7 @@ blocker, or the line of the program where the run crashed (`harness/crash.py`).
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 from collections import Counter
@@ -59,6 +60,9 @@ def loss_falls(losses: list[float | None]) -> tuple[bool, str]:
     return False, f"loss did not fall over {len(losses)} steps ({losses[0]:.4f} -> {losses[-1]:.4f})"
 
 
+_DTYPE_MISMATCH = re.compile(r"same dtype|expected scalar type|must have the same dtype|dtype mismatch", re.I)
+
+
 def check_port(workload_dir: Path, target: str, out_dir: Path, *, steps: int = CHECK_STEPS,
                timeout_s: float = 300.0) -> PortCheck:
     """Port the scaled record in `workload_dir` and run `steps` optimizer steps of it."""
@@ -83,6 +87,10 @@ def check_port(workload_dir: Path, target: str, out_dir: Path, *, steps: int = C
         site = crash_site(run.error, ported.files)
         check.reason = f"the ported program {run.status}: {site}" if run.status == "crashed" else \
             f"the ported program {run.status}: {(run.error or '').strip().splitlines()[0][:300] if run.error else ''}"
+        if run.status == "crashed" and _DTYPE_MISMATCH.search(run.error or "") and \
+                any(c.kind == "precision_lost" for c in ported.changes):
+            check.reason += (" - the program mixes bf16 and fp32 tensors and relies on its cuda autocast to "
+                             "reconcile them; the cpu port leaves that autocast inert (precision_lost)")
     else:
         check.loss_falling, why = loss_falls(check.losses)
         check.reason = why

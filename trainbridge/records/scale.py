@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .scale_check import check
-from .scale_plan import FILE_NAMES, block_count_edits, plan
+from .scale_plan import FILE_NAMES, block_count_edits, kernel_warmup_edits, plan
 from .scale_sites import find_sites, literal_source, replace_spans
 
 # knob -> the field / keyword / constant names the records (and our series) use for it
@@ -141,6 +141,14 @@ def scale_script(source: str, overrides: dict[str, object], *, explicit: set[str
         where = f"torch.arange({old}) line {node.lineno}"
         applied.setdefault("mask_blocks", []).append(where)
         settings[where] = count
+    for node, old, new_value in kernel_warmup_edits(tree):
+        edits.append((node, new_value))
+        where = f"module constant warmup_steps line {node.lineno} (was {old[:60]})"
+        applied.setdefault("kernel_warmup_steps", []).append(where)
+        settings[where] = new_value
+        p.notes.append(f"GPU kernel warmup cut to one step (warmup_steps = {new_value}, line {node.lineno}): it "
+                       f"compiles graphs and restores the initial state; the port runs eager, so the harness "
+                       f"times training steps (one warmup step creates the optimizers' buffers)")
     new = replace_spans(source, edits)
     try:
         ast.parse(new)

@@ -26,7 +26,11 @@ text every Python installation has, the standard library's `.py` sources:
   frequency-ranked vocabulary over ~50K ids gives the Zipf-shaped id distribution and
   about one token per word, like GPT-2 on English text. Nothing in the scripts depends on
   which id means which word; they depend on BOS = 50256 and ids < 50257;
-- validation: separate files (those whose path hashes to 0 mod 10), in `val_000000.bin`.
+- validation: separate files (those whose path hashes to 0 mod 10), in `val_000000.bin`;
+- files: the training stream is cut at document starts into `train_files` files (default 2),
+  `train_000000.bin`, `train_000001.bin`, ...: the records from 2026-01 on load the next
+  shard in a background thread as they open the first (`next(file_iter)` twice before the
+  first step), so a single training file ends their generator before step 0.
 
 `check_shards(dir)` validates any folder of shards in this format (yours: real FineWeb
 shards work unchanged) and says what it found; a wrong magic, version or token count is a
@@ -124,6 +128,7 @@ class ShardSetMeta(BaseModel):
     train_tokens: int
     val_tokens: int
     max_doc_tokens: int
+    train_files: int = Field(1, description="how many train_*.bin files the training stream was cut into")
     documents: dict[str, int] = Field(default_factory=dict, description="split -> documents")
     words: list[str] = Field(default_factory=list, description="the piece of word id 256 + i")
 
@@ -315,24 +320,29 @@ def _documents(text: str, words: WordIds, max_doc_tokens: int, min_doc_tokens: i
 
 
 def make_record_shards(out_dir: Path, *, train_tokens: int, val_tokens: int, max_doc_tokens: int = 384,
-                       min_doc_tokens: int = 16, source_root: Path | None = None, seed: int = 0) -> Path:
-    """`train_000000.bin` / `val_000000.bin` (+ shards.json) in out_dir; the folder.
+                       min_doc_tokens: int = 16, source_root: Path | None = None, seed: int = 0,
+                       train_files: int = 2) -> Path:
+    """`train_000000.bin`.. (`train_files` of them) / `val_000000.bin` (+ shards.json) in out_dir; the folder.
 
     Deterministic for one Python installation; shards that already match are left alone.
     """
     if train_tokens < 1 or val_tokens < 1 or max_doc_tokens < 2 * min_doc_tokens:
         raise ValueError("train_tokens and val_tokens must be positive, max_doc_tokens >= 2 x min_doc_tokens")
+    if not 1 <= train_files <= train_tokens // (2 * max_doc_tokens):
+        raise ValueError(f"train_files must be 1..{train_tokens // (2 * max_doc_tokens)} "
+                         f"(each file holds at least two documents)")
     out_dir = Path(out_dir)
     root = Path(source_root) if source_root else Path(sysconfig.get_paths()["stdlib"])
     meta_path = out_dir / "shards.json"
     wanted = dict(scheme=SCHEME, source=str(root), python=sys.version.split()[0], train_tokens=train_tokens,
-                  val_tokens=val_tokens, max_doc_tokens=max_doc_tokens)
+                  val_tokens=val_tokens, max_doc_tokens=max_doc_tokens, train_files=train_files)
     if meta_path.is_file():  # made before with the same recipe: check, don't remake
         try:
             old = ShardSetMeta.model_validate_json(meta_path.read_text())
             if all(getattr(old, k) == v for k, v in wanted.items()):
                 found = check_shards(out_dir)
-                if found.train_tokens == train_tokens and found.val_tokens == val_tokens:
+                if (found.train_tokens, found.val_tokens, len(found.train)) == (train_tokens, val_tokens,
+                                                                                train_files):
                     return out_dir
         except (ValueError, ShardError):
             pass
@@ -369,10 +379,20 @@ def make_record_shards(out_dir: Path, *, train_tokens: int, val_tokens: int, max
             raise ShardError(f"{split}: {stream.size:,} tokens after cutting documents, asked for {need[split]:,}")
         tokens = stream[: need[split]]
         documents[split] = int((tokens == FORMAT.bos_id).sum())
-        write_shard(out_dir / f"{split}_000000.bin", tokens)
+        for old in out_dir.glob(f"{split}_*.bin"):
+            old.unlink()
+        for i, part in enumerate(_cut_at_documents(tokens, train_files if split == "train" else 1)):
+            write_shard(out_dir / f"{split}_{i:06d}.bin", part)
     meta = ShardSetMeta(**wanted, documents=documents, words=words.words)
     meta_path.write_text(json.dumps(meta.model_dump(), indent=0))
     return out_dir
+
+
+def _cut_at_documents(tokens: np.ndarray, parts: int) -> list[np.ndarray]:
+    """`parts` consecutive pieces of about equal length, each starting at a BOS."""
+    bos = bos_positions(tokens)
+    cuts = sorted({int(bos[np.abs(bos - len(tokens) * k // parts).argmin()]) for k in range(1, parts)})
+    return np.split(tokens, cuts)
 
 
 def load_words(out_dir: Path) -> WordIds:

@@ -45,7 +45,7 @@ ChangeKind = Literal["device", "cuda_api", "memory_stat", "backend", "pin_memory
                      "precision_lost", "precision", "import", "gpu_only_feature",
                      # GPU-only features replaced by targets/features/ (each a reviewed edit)
                      "distributed", "world_size", "assert_dropped", "compiler_config", "attention_replaced",
-                     "kernel_replaced", "fp8_to_16bit", "shim_added", "eager_autograd"]
+                     "kernel_replaced", "fp8_to_16bit", "shim_added", "eager_autograd", "unsigned_shift"]
 
 _CUDA_STR = re.compile(r"^cuda(:\d+)?$")
 _CPU_EQUIV = {"synchronize", "current_device", "set_device", "device_count", "current_stream", "stream",
@@ -407,6 +407,13 @@ class _Porter(cst.CSTTransformer):
             self._note(original, "cuda_api", _code(original), _code(new),
                        "SM-count query: the target has no streaming multiprocessors; its thread count stands in")
             return new
+        if name == "_orig_mod":
+            # `model._orig_mod` is the module torch.compile wrapped; the port runs eager, so the
+            # module it names is the model itself (records 84+: `quantize_weights_fp8(model._orig_mod)`)
+            self._forget_inside(original)
+            self._note(original, "compile_removed", _code(original), _code(updated.value),
+                       "torch.compile is removed, so the compiled module's original is the module itself")
+            return updated.value
         if name in _GPU_ONLY_ATTRS:
             self._gpu_only(original, _code(original), _GPU_ONLY_ATTRS[name])
         elif name == "elapsed_time" and self.target == "cpu":

@@ -11,6 +11,7 @@ programs add on top, each needing a replacement the target can run:
 | flash_attention | FlashAttention-3 (`flash_attn_interface`, `kernels.get_kernel(...)`) | per-document SDPA / `npu_fusion_attention` TND |
 | triton_kernels | `@triton.jit` kernels and their launchers, the NVRTC kernel | PyTorch functions from a catalog, checked against the kernel |
 | fp8 | `torch._scaled_mm`, float8 custom ops | the target's fast 16-bit matmul (a semantic change) |
+| unsigned_shifts | `<<` / `>>` on uint16/32/64 tensors (eager CPU has none) | the same bits via int64 |
 
 Each module has `port(files, target) -> FeatureResult`: the program's files after its rewrite
 (a module may add a shim file, `_tb_<name>.py`, copied from `targets/shims/`), one
@@ -37,4 +38,4 @@ class FeatureResult(BaseModel):
 
 
 FeaturePort = Callable[[dict[str, str], PortTarget], FeatureResult]
-FeatureName = Literal["distributed", "flex_attention", "flash_attention", "triton_kernels", "fp8"]
+FeatureName = Literal["distributed", "flex_attention", "flash_attention", "triton_kernels", "fp8", "unsigned_shifts"]

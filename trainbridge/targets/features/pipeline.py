@@ -1,7 +1,7 @@
 """The feature porters in order, after the naive port, and what is left that will not run.
 
 Order matters: kernels go first (a Triton launcher may hold FP8 code the catalog replaces
-whole), then attention, then the distributed rewrites, then FP8 in whatever code remains, last the autograd
+whole), then attention, then the distributed rewrites, then FP8 in whatever code remains, then unsigned shifts, last the autograd
 Functions whose backward only a compiled program got away with.
 The naive port already reported each GPU-only construct (`gpu_only_feature`); those reports
 are dropped once the construct is gone from the ported program, and the constructs still
@@ -16,7 +16,8 @@ import re
 from ..port_source import PortBlocker, PortResult
 from ..shims import SHIM_PREFIX
 
-ORDER = ("triton_kernels", "flash_attention", "flex_attention", "distributed", "fp8", "eager_autograd")
+ORDER = ("triton_kernels", "flash_attention", "flex_attention", "distributed", "fp8", "unsigned_shifts",
+         "eager_autograd")
 
 # What still cannot run on a non-CUDA target if it survives the porters (checked on code, not comments).
 _RESIDUAL = [
