@@ -132,3 +132,53 @@ def test_a_record_reads_shards_and_writes_logs_relative_to_its_folder(tmp_path):
     check = check_port(dest, "cpu", tmp_path / "out")
     assert check.run_status == "ok", check.reason
     assert check.loss_falling, check.losses
+
+
+AUTOCAST_MIXED = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(256, 32)
+        self.w = nn.Parameter(torch.randn(256, 32) / 32 ** 0.5)
+    def forward(self, x, y):
+        return F.cross_entropy(F.linear(self.embed(x), self.w).float(), y)
+
+torch.manual_seed(0)
+model = Net().cuda()
+for m in model.modules():
+    if isinstance(m, nn.Embedding):
+        m.bfloat16()          # record 24's form: bf16 embeddings, fp32 weights, autocast between them
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+data = torch.randint(0, 256, (4096,))
+for step in range(50):
+    x = data[step * 64:(step + 1) * 64].cuda()
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        loss = model(x, (x * 3 + 1) % 256)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+'''
+
+
+def test_a_program_that_needs_its_autocast_is_ported_with_it_kept(tmp_path):
+    from trainbridge.records.compare import write_workload
+    from trainbridge.records.models import RecordEntry
+    from trainbridge.records.port_check import check_port
+    from trainbridge.records.shards import make_record_shards
+    from trainbridge.workload import load_workload
+
+    shards = make_record_shards(tmp_path / "shards", train_tokens=20_000, val_tokens=4096)
+    dest = tmp_path / "workload"
+    write_workload(RecordEntry(key="mixed", num=24, name="Mixed", script=AUTOCAST_MIXED), dest, {}, shards)
+    assert load_workload(dest).manifest.port.autocast == "inert"
+    check = check_port(dest, "cpu", tmp_path / "out")
+    assert check.ok, check.reason
+    assert check.changes_by_kind.get("precision") and not check.changes_by_kind.get("precision_lost")
+    assert load_workload(dest).manifest.port.autocast == "keep", "the loop must port it the same way"
+    from trainbridge.harness.runner import port_workload
+    src = port_workload(load_workload(dest), "cpu").files["train_gpt.py"]
+    assert 'torch.autocast(device_type="cpu", dtype=torch.bfloat16)' in src

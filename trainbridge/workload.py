@@ -72,6 +72,15 @@ class PrepareConfig(_Strict):
     creates: list[str] = Field(..., min_length=1, description="paths that exist once it has run")
 
 
+class PortConfig(_Strict):
+    """How the port treats this program where the default would not run it."""
+
+    autocast: Literal["inert", "keep"] = Field(
+        "inert", description="cpu target: a cuda autocast is left inert, as the public ports left it (the "
+                             "autocast_reapply recipe may restore it), or kept and pointed at the cpu, for a "
+                             "program that needs it to reconcile bf16 and fp32 tensors")
+
+
 class Manifest(_Strict):
     name: str
     entry: str = Field(..., description="script run by the harness, relative to the workload folder")
@@ -84,6 +93,7 @@ class Manifest(_Strict):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     env: dict[str, str] = Field(default_factory=dict, description="environment for every run")
     prepare: PrepareConfig | None = None
+    port: PortConfig = Field(default_factory=PortConfig)
     native_device: Literal["cuda", "cpu", "npu"] = Field(
         "cuda", description="the device the program was written for; the harness ports from it"
     )

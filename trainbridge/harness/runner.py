@@ -221,7 +221,7 @@ def port_workload(workload: Workload, target: TargetName):
     files = {rel: (workload.root / rel).read_text() for rel in workload.source_files()}
     if target == workload.manifest.native_device:
         return PortResult(target=target, files=files)
-    return port_program(files, target)
+    return port_program(files, target, keep_autocast=workload.manifest.port.autocast == "keep")
 
 
 def run_workload(

@@ -65,11 +65,18 @@ _DTYPE_MISMATCH = re.compile(r"same dtype|expected scalar type|must have the sam
 
 def check_port(workload_dir: Path, target: str, out_dir: Path, *, steps: int = CHECK_STEPS,
                timeout_s: float = 300.0) -> PortCheck:
-    """Port the scaled record in `workload_dir` and run `steps` optimizer steps of it."""
+    """Port the scaled record in `workload_dir` and run `steps` optimizer steps of it.
+
+    A port that crashes on a dtype mismatch while its cuda autocast was left inert is checked
+    once more with the autocast kept (pointed at the cpu); when that runs, the workload's
+    manifest says `[port] autocast = "keep"` so the loop ports it the same way (record 24
+    casts its embeddings to bf16 and multiplies them with an fp32 weight under autocast).
+    """
     t0 = time.perf_counter()
     wl = load_workload(workload_dir)
     files = {rel: (wl.root / rel).read_text() for rel in wl.source_files()}
-    ported = port_program(files, target)
+    keep = wl.manifest.port.autocast == "keep"
+    ported = port_program(files, target, keep_autocast=keep)
     check = PortCheck(ported=not ported.blockers, changes_by_kind=dict(Counter(c.kind for c in ported.changes)),
                       blockers=[str(b) for b in ported.blockers])
     if ported.blockers:
@@ -91,6 +98,16 @@ def check_port(workload_dir: Path, target: str, out_dir: Path, *, steps: int = C
                 any(c.kind == "precision_lost" for c in ported.changes):
             check.reason += (" - the program mixes bf16 and fp32 tensors and relies on its cuda autocast to "
                              "reconcile them; the cpu port leaves that autocast inert (precision_lost)")
+            manifest = Path(workload_dir) / "trainbridge.toml"
+            text = manifest.read_text()
+            if "[port]" not in text:
+                manifest.write_text(text.rstrip("\n") + '\n\n[port]\nautocast = "keep"  # set by the port check: '
+                                    + check.reason[:160].replace("\n", " ") + "\n")
+                again = check_port(workload_dir, target, out_dir, steps=steps, timeout_s=timeout_s)
+                if again.ok:
+                    again.wall_s += time.perf_counter() - t0
+                    return again
+                manifest.write_text(text)  # no better: the manifest as it was, the first reason
     else:
         check.loss_falling, why = loss_falls(check.losses)
         check.reason = why

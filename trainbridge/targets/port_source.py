@@ -194,9 +194,11 @@ def _compiler_aliases(module: cst.Module) -> set[str]:
 class _Porter(cst.CSTTransformer):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, file: str, target: PortTarget, compiler_names: set[str] = frozenset()):
+    def __init__(self, file: str, target: PortTarget, compiler_names: set[str] = frozenset(),
+                 keep_autocast: bool = False):
         super().__init__()
         self.file, self.target, self.changes = file, target, []
+        self.keep_autocast = keep_autocast
         self._keep_strings: set[int] = set()  # ids of string nodes to leave (cpu autocast device_type)
         self._seen: set[tuple[int, str, str]] = set()
         self._compiler_names = set(compiler_names) | set(_COMPILER_MODULES)
@@ -280,7 +282,11 @@ class _Porter(cst.CSTTransformer):
         dev = _string_value(dev_arg) if dev_arg is not None else None
         if not (implied_cuda or (dev is not None and _CUDA_STR.match(dev))):
             return
-        if self.target == "cpu":
+        if self.target == "cpu" and self.keep_autocast and dev_arg is not None:
+            self._note(node, "precision", _code(dev_arg), '"cpu"',
+                       "autocast kept, pointed at the cpu: the program relies on it to reconcile bf16 and fp32 "
+                       "tensors (the workload's [port] autocast = \"keep\")")
+        elif self.target == "cpu":
             if dev_arg is not None:
                 self._keep_strings.add(id(dev_arg))
             self._note(node, "precision_lost", _code(node), _code(node),
@@ -487,13 +493,15 @@ class _AddTorchNpuImport(cst.CSTTransformer):
         return updated.with_changes(body=body)
 
 
-def port_source(text: str, file: str, target: PortTarget) -> tuple[str, list[PortChange]]:
-    """Port one file's text; returns (new text, changes)."""
+def port_source(text: str, file: str, target: PortTarget, *,
+                keep_autocast: bool = False) -> tuple[str, list[PortChange]]:
+    """Port one file's text; returns (new text, changes). `keep_autocast`: on the cpu target,
+    point a cuda autocast at the cpu instead of leaving it inert."""
     if target == "cuda":
         return text, []
     module = cst.parse_module(text)
     wrapper = MetadataWrapper(module)
-    porter = _Porter(file, target, _compiler_aliases(module))
+    porter = _Porter(file, target, _compiler_aliases(module), keep_autocast=keep_autocast)
     new = wrapper.visit(porter)
     changes = porter.changes
     if target == "npu" and "torch" in text and not re.search(r"^\s*import torch_npu", text, re.M):
@@ -506,7 +514,7 @@ def port_source(text: str, file: str, target: PortTarget) -> tuple[str, list[Por
     return new.code, changes
 
 
-def port_naive(files: dict[str, str], target: PortTarget) -> PortResult:
+def port_naive(files: dict[str, str], target: PortTarget, *, keep_autocast: bool = False) -> PortResult:
     """The naive port of every Python file (devices, torch.cuda, NCCL, torch.compile), GPU-only
     features reported but left as they are; other files pass through unchanged."""
     out, changes = {}, []
@@ -514,18 +522,18 @@ def port_naive(files: dict[str, str], target: PortTarget) -> PortResult:
         if not rel.endswith(".py") or target == "cuda":
             out[rel] = text
             continue
-        out[rel], ch = port_source(text, rel, target)
+        out[rel], ch = port_source(text, rel, target, keep_autocast=keep_autocast)
         changes.extend(ch)
     return PortResult(target=target, files=out, changes=changes)
 
 
-def port_program(files: dict[str, str], target: PortTarget) -> PortResult:
+def port_program(files: dict[str, str], target: PortTarget, *, keep_autocast: bool = False) -> PortResult:
     """The whole port: the naive port, then each GPU-only feature replaced by its porter
     (targets/features/). A feature the porters could not replace is a `PortBlocker` naming
     the construct; the naive port's report of a feature that was replaced is dropped."""
     from .features.pipeline import port_features
 
-    naive = port_naive(files, target)
+    naive = port_naive(files, target, keep_autocast=keep_autocast)
     if target == "cuda":
         return naive
     return port_features(naive)
