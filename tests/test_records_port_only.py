@@ -55,6 +55,18 @@ def test_port_only_then_resume_after_an_interrupt(tmp_path):
     table = table_md(results)
     assert "runs (port only)" in table and "Records that run on this target: 2 of 2" in table
 
+    # an answer that was a failure (say, before an update of TrainBridge): --retry-failed redoes it
+    rows = json.loads((tmp_path / "records_results.json").read_text())
+    rows[0]["status"], rows[0]["reason"] = "port_failed", "crashed before the update"
+    (tmp_path / "records_results.json").write_text(json.dumps(rows))
+    kept = []
+    run_records(index, tmp_path, opts, on_record=lambda e: kept.append(e.num), resume=True)
+    assert kept == [], "a failure is an answer: --resume alone keeps it"
+    retried = []
+    results = run_records(index, tmp_path, opts, on_record=lambda e: retried.append(e.num), resume=True,
+                          retry_failed=True)
+    assert retried == [2] and [r.status for r in results] == ["port_ok", "port_ok"]
+
 
 def test_a_record_the_port_cannot_run_says_which_construct(tmp_path):
     """A program with a Triton kernel nobody can replace: not ported, with the kernel named."""

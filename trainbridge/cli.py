@@ -336,6 +336,8 @@ def records_run(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default runs/records-<time>-<target>)"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="go on with an interrupted `records run` in this "
                                                                 "output folder (same options)"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="with --resume: run again the records whose "
+                                                                    "answer was a failure (after updating TrainBridge)"),
     sets: list[str] = typer.Option([], "--set", help="scale override KNOB=VALUE or FIELD=VALUE (see docs/records.md)"),
     only: Optional[str] = typer.Option(None, help="comma-separated record numbers to run"),
     track: int = typer.Option(1, help="records of this track (1: the short track; 0: every track)"),
@@ -358,6 +360,8 @@ def records_run(
     from .records.extract import extract
     from .records.models import RecordIndex
 
+    if retry_failed and resume is None:
+        raise ValueError("--retry-failed goes with --resume OUT (the output folder whose failures to run again)")
     if resume is not None:
         saved = resume / "records_run.json"
         if not saved.is_file():
@@ -391,7 +395,7 @@ def records_run(
     try:
         with reporter.progress:
             results = run_records(index, out, opts, reporter=reporter, on_record=announce,
-                                  resume=resume is not None)
+                                  resume=resume is not None, retry_failed=retry_failed)
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted[/yellow]: finished records are in {out / 'records_results.json'}; "
                           f"`trainbridge records run --resume {out}` goes on")

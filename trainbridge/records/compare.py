@@ -182,8 +182,9 @@ class RecordsRunOptions(BaseModel):
     port_only: bool = False
 
 
-# statuses that are an answer: --resume keeps them
+# statuses that are an answer: --resume keeps them (--retry-failed runs the failures again)
 _FINAL = {"measured", "not_ported", "port_failed", "failed", "skipped"}
+_FAILURES = {"not_ported", "port_failed", "failed"}
 
 
 def _wanted(entry: RecordEntry, opts: RecordsRunOptions) -> bool:
@@ -200,12 +201,14 @@ def _new_row(entry: RecordEntry, target: str) -> RecordResult:
 
 
 def run_records(index: RecordIndex, out: Path, opts: RecordsRunOptions, *,
-                reporter=None, on_record=None, resume: bool = False) -> list[RecordResult]:
+                reporter=None, on_record=None, resume: bool = False,
+                retry_failed: bool = False) -> list[RecordResult]:
     """Every wanted record: scale, port check, and (unless port_only) the loop.
 
     Results are written after each record and before each loop starts, so a crash or Ctrl-C
     keeps the finished records, and `resume=True` goes on from `<out>`: answered records are
-    kept, an interrupted loop is resumed from its checkpoint, the rest start.
+    kept, an interrupted loop is resumed from its checkpoint, the rest start; `retry_failed`
+    also runs again the records whose answer was a failure.
     """
     from ..agent.run import resume_run
 
@@ -224,6 +227,8 @@ def run_records(index: RecordIndex, out: Path, opts: RecordsRunOptions, *,
             if not _wanted(entry, opts):
                 continue
             old = previous.get(entry.key)
+            if old is not None and retry_failed and old.status in _FAILURES:
+                old = None
             if old is not None and (old.status in _FINAL or (opts.port_only and old.status == "port_ok")):
                 results.append(old)
                 continue
