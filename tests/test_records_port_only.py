@@ -11,7 +11,7 @@ import pytest
 
 from trainbridge.records.compare import RecordsRunOptions, run_records
 from trainbridge.records.extract import extract
-from trainbridge.records.port_check import loss_falls
+from trainbridge.records.port_check import CHECK_STEPS, loss_falls
 from trainbridge.records.report import table_md
 from trainbridge.records.results import RecordResult
 
@@ -44,7 +44,7 @@ def test_port_only_then_resume_after_an_interrupt(tmp_path):
     first = RecordResult.model_validate(rows[0])
     assert first.status == "port_ok", first.reason
     check = first.port_check
-    assert check.ported and check.run_status == "ok" and check.loss_falling and len(check.losses) == 6
+    assert check.ported and check.run_status == "ok" and check.loss_falling and len(check.losses) == CHECK_STEPS == 10
     assert check.changes_by_kind.get("device") and check.median_step_ms > 0
     assert json.loads((tmp_path / "records_run.json").read_text())["port_only"] is True
 
