@@ -103,3 +103,24 @@ def test_a_crash_names_the_programs_line(tmp_path):
     assert (site.file, site.line) == ("train_gpt.py", line)
     assert "raise_here = {}['x']" in site.code and site.exception == "KeyError: 'x'"
     assert re.match(r"train_gpt.py:\d+ `raise_here", str(site))
+
+
+def test_a_run_whose_port_adds_replacement_files_reaches_its_report(tmp_path):
+    """The port adds `_tb_collectives.py`, which the original program does not have: the final
+    report diffs the final program against the original and must take the file as new."""
+    import json
+    import subprocess
+    import sys
+
+    wl = _workload(tmp_path / "w")
+    proc = subprocess.run([sys.executable, "-m", "trainbridge.cli", "run", str(wl), "--budget", "0", "--pairs", "1",
+                           "--baseline-runs", "4", "--skip-collect", "--allow-no-evidence", "--no-compile-compare",
+                           "--runs-root", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run = next((tmp_path / "runs").iterdir())
+    assert (run / "port" / "_tb_collectives.py").is_file()
+    diff = (run / "final" / "vs_original.diff").read_text()
+    assert "+++ final/_tb_collectives.py" in diff and "--- original/_tb_collectives.py" in diff
+    done = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "run_finished" for e in done), [e["event"] for e in done]

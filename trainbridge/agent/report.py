@@ -54,7 +54,8 @@ def final_report(ctx: RunContext, state: RunState) -> dict:
     cfg, paths = ctx.cfg, ctx.paths
     port = read_program(paths.baseline_dir)
     final = read_program(Path(state["incumbent_dir"]))
-    original = {rel: (ctx.workload.root / rel).read_text() for rel in port}
+    # the port may add files (the `_tb_*.py` replacements): the original has none of them
+    original = {rel: path.read_text() for rel in port if (path := ctx.workload.root / rel).is_file()}
     write_program(paths.final_dir, final)
     (paths.final_dir / "vs_original.diff").write_text(unified_diff(original, final, "original", "final"))
     (paths.final_dir / "vs_port.diff").write_text(unified_diff(port, final, "port", "final"))

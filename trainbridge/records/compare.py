@@ -30,6 +30,7 @@ from .report import write_results
 from .results import RecordResult
 from .scale import ScaleResult, scale_record
 from .shards import check_shards, make_record_shards
+from .tokenizer_standin import write_standin
 
 # data loaders and hyperparameters the agent may not edit, where the script defines them
 _PROTECTED_SYMBOLS = ("Hyperparameters", "parse_overrides", "_convert", "_load_data_shard", "_peek_data_shard",
@@ -95,6 +96,10 @@ def write_workload(entry: RecordEntry, dest: Path, overrides: dict[str, object],
     (dest / "train_gpt.py").write_text(scaled.source)
     for name, text in entry.extra_files.items():
         (dest / name).write_text(text)
+    standin = write_standin(dest, shards, [entry.script, *entry.extra_files.values()])
+    if standin:  # the record reads the tokenizer (88): it gets the shards' own vocabulary
+        scaled.notes.append(standin)
+        scaled.applied.setdefault("tokenizer", []).append(standin)
     per_step = scaled.tokens_at_start  # a short timing run measures the first stage of a batch schedule
     symbols = sorted(_defined_symbols(scaled.source) & set(_PROTECTED_SYMBOLS))
     manifest = [

@@ -81,6 +81,16 @@ def linear_relu_square(seed: int, rows=192, dim=128, hidden=512, backward=False)
     return Case(args=(grad, w2), kwargs={"aux": pre})
 
 
+def linear_relu_square_post_only(seed: int, rows=192, dim=128, hidden=512, backward=False) -> Case:
+    if not backward:
+        return linear_relu_square(seed, rows, dim, hidden)
+    g = _gen(seed)
+    grad = _randn(g, rows, dim, dtype=BF16, scale=0.1)
+    w2 = _randn(g, hidden, dim, dtype=BF16, scale=dim ** -0.5)
+    post = _randn(g, rows, hidden, dtype=BF16).relu().square()  # the forward's output: >= 0, half zeros
+    return Case(args=(grad, w2), kwargs={"aux": post})
+
+
 def _fp8_operands(g, rows, dim, hidden):
     a = _randn(g, rows, dim, dtype=BF16)
     b = _randn(g, hidden, dim, dtype=BF16, scale=dim ** -0.5)
@@ -190,6 +200,19 @@ def ce_fwd_bwd(seed: int, rows=48, vocab=512, n_predict=3) -> Case:
     grad_input = torch.zeros(rows, vocab, dtype=torch.float8_e5m2)
     return Case(args=(logits, targets, mtp, losses, grad_input, rows, n_predict, 23.0, 5.0, 7.5, 2.0 ** -8,
                       1.0 / rows), watch={"losses": losses, "grad_input": grad_input})
+
+
+def ce_fwd_bwd_prefix(seed: int, rows=48, vocab=512, n_predict=3) -> Case:
+    base = ce_fwd_bwd(seed, rows, vocab, n_predict)
+    logits, targets, mtp, losses, grad_input = base.args[:5]
+    g = _gen(seed + 1000)
+    prefix = torch.randint(0, vocab, (rows,), generator=g)
+    prefix[::5] = -1  # no valid prefix token
+    prefix[1::7] = targets[1::7]  # the prefix token is the next token: one column, two weights
+    prefix[2::9] = vocab + 3  # out of range: ignored like a negative one
+    prefix_weight = torch.tensor([0.3], dtype=torch.float32)
+    return Case(args=(logits, targets, mtp, prefix, prefix_weight, losses, grad_input, *base.args[5:]),
+                watch=base.watch)
 
 
 # ---- dynamically composable attention correction ----------------------------------------------

@@ -85,10 +85,19 @@ ENTRIES: list[CatalogEntry] = [
         "backward (aux = pre): 2 * (a @ b.T) * relu(aux) in bf16",
         launcher_names=["linear_relu_square"], launcher_kind="function", params=["a", "b", "aux"],
         kernel_fingerprints={"59cf7839b14774cd": "linear_relu_square_kernel (TMA descriptors, persistent), "
-                                                 "records 59-83, 85 (v1, v2), 87"},
+                                                 "records 59-83, 85 (v1, v2)"},
         replacement="linear_relu_square",
         cases=_cases("linear_relu_square", {"name": "forward"}, {"name": "backward", "params": {"backward": True}}),
-        records="59-83, 85, 87 (FusedLinearReLUSquareFunction)"),
+        records="59-83, 85 (FusedLinearReLUSquareFunction)"),
+    CatalogEntry(
+        id="linear_relu_square_post_only", what="forward (aux None): post = relu(a @ b.T)^2 only, bf16; "
+        "backward (aux = post): 2 * (a @ b.T) * sqrt(post) in fp32, rounded to bf16",
+        launcher_names=["linear_relu_square"], launcher_kind="function", params=["a", "b", "aux"],
+        kernel_fingerprints={"b6c020e63d5045e8": "linear_relu_square_kernel storing post only, record 87"},
+        replacement="linear_relu_square_post_only",
+        cases=_cases("linear_relu_square_post_only", {"name": "forward"},
+                     {"name": "backward", "params": {"backward": True}}),
+        records="87 (FusedLinearReLUSquareFunction without pre)"),
     CatalogEntry(
         id="linear_relu_square_fp8_up", what="linear_relu_square whose forward product may come from fp8 "
         "operands a_f8 @ b_f8.T times a one-element dequantisation scale",
@@ -180,11 +189,23 @@ ENTRIES: list[CatalogEntry] = [
         launcher_names=["ce_fwd_bwd"], launcher_kind="function",
         params=["logits", "targets", "mtp_weights", "losses", "grad_input", "n_rows", "n_predict", "A", "B", "C",
                 "grad_s", "grad_scale"],
-        kernel_fingerprints={"11c40e491daec60e": "ce_fwd_bwd_kernel CUDA source, records 79, 81-89"},
+        kernel_fingerprints={"11c40e491daec60e": "ce_fwd_bwd_kernel CUDA source, records 79, 81-87, 89"},
         replacement="ce_fwd_bwd", install="body",
         nvrtc_reference="trainbridge.targets.kernels.nvrtc_reference:ce_fwd_bwd",
         cases=_cases("ce_fwd_bwd", {"name": "mtp3"}, {"name": "mtp1", "params": {"n_predict": 1}}),
-        records="79, 81-89"),
+        records="79, 81-87, 89"),
+    CatalogEntry(
+        id="ce_fwd_bwd_prefix_nvrtc", what="ce_fwd_bwd_nvrtc with a prefix-token prediction per row "
+        "(prefix_targets, one-element prefix_weight): one more loss term, S_w and target-column term",
+        launcher_names=["ce_fwd_bwd"], launcher_kind="function",
+        params=["logits", "targets", "mtp_weights", "prefix_targets", "prefix_weight", "losses", "grad_input",
+                "n_rows", "n_predict", "A", "B", "C", "grad_s", "grad_scale"],
+        kernel_fingerprints={"acd06bec82719cb9": "ce_fwd_bwd_kernel CUDA source with prefix targets, record 88"},
+        replacement="ce_fwd_bwd_prefix", install="body",
+        nvrtc_reference="trainbridge.targets.kernels.nvrtc_reference:ce_fwd_bwd_prefix",
+        cases=_cases("ce_fwd_bwd_prefix", {"name": "mtp3+prefix"},
+                     {"name": "mtp1+prefix", "params": {"n_predict": 1}}),
+        records="88"),
     CatalogEntry(
         id="dc_doc_bounds_tables", what="(doc_start[t], doc_end[t]) int32: the document of each position t "
         "in cu_seqlens (binary search)",

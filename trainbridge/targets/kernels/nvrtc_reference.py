@@ -66,3 +66,58 @@ def ce_fwd_bwd(logits, targets, mtp_weights, losses, grad_input, n_rows, n_predi
                     term2 += weights[k]
             g = grad_scale * (1.0 / C * A) * (1.0 / grad_s) * (S_w * p_t - term2) * s_t * (1.0 - s_t)
             grad_input[row, t] = _satfinite_e5m2(g.reshape(1))[0]
+
+
+def ce_fwd_bwd_prefix(logits, targets, mtp_weights, prefix_targets, prefix_weight, losses, grad_input, n_rows,
+                      n_predict, A, B, C, grad_s, grad_scale) -> None:
+    """The record-88 kernel: `ce_fwd_bwd` plus a prefix-token prediction per row. Thread 0 adds
+    w_p * (lse - z[T']) when T' = prefix_targets[row] is a class; S_w starts at w_p (valid T')
+    and adds every mtp weight; threads 0 .. n_predict rewrite the columns of the valid MTP targets
+    and of T', each with term2 = the weights of every prediction landing on that column."""
+    vocab = logits.shape[1]
+    f32 = torch.float32
+    A, B, C = (torch.tensor(v, dtype=f32) for v in (A, B, C))
+    grad_s, grad_scale = torch.tensor(grad_s, dtype=f32), torch.tensor(grad_scale, dtype=f32)
+    inv_C = 1 / C
+    B_div_C = B * inv_C
+    weights = [float(w) for w in mtp_weights.float()]
+    w_p = float(prefix_weight.float().reshape(-1)[0])
+    tgt = [int(t) for t in targets]
+    coef = grad_scale * (1.0 / C * A) * (1.0 / grad_s)
+    for row in range(n_rows):
+        vals = logits[row].to(f32)
+        sig = 0.5 + torch.tanh((vals * inv_C + B_div_C) * 0.5) * 0.5
+        smem = sig.to(torch.bfloat16)
+        block_max = (A * sig).max()
+        lse = block_max + torch.log(torch.exp(A * smem.to(f32) - block_max).sum())
+        t_p = int(prefix_targets[row])
+        p_valid = 0 <= t_p < vocab
+        total = torch.tensor(0.0, dtype=f32)
+        for k in range(n_predict):
+            if row + k < n_rows and 0 <= tgt[row + k] < vocab:
+                total = total + weights[k] * (lse - A * smem[tgt[row + k]].to(f32))
+        if p_valid:
+            total = total + w_p * (lse - A * smem[t_p].to(f32))
+        losses[row] = total
+        S_w = torch.tensor(w_p if p_valid else 0.0, dtype=f32)
+        for i in range(n_predict):
+            S_w = S_w + weights[i]
+        su = smem.to(f32)
+        grad_input[row] = _satfinite_e5m2(coef * (S_w * torch.exp(A * su - lse)) * su * (1.0 - su))
+        for i in range(n_predict + 1):  # thread n_predict handles the prefix target
+            if i < n_predict:
+                valid = row + i < n_rows and 0 <= tgt[row + i] < vocab
+                t = tgt[row + i] if valid else -1
+            else:
+                t, valid = t_p, p_valid
+            if not valid:
+                continue
+            s_t = smem[t].to(f32)
+            term2 = 0.0
+            for k in range(n_predict):
+                if row + k < n_rows and tgt[row + k] == t:
+                    term2 += weights[k]
+            if p_valid and t_p == t:
+                term2 += w_p
+            g = coef * (S_w * torch.exp(A * s_t - lse) - term2) * s_t * (1.0 - s_t)
+            grad_input[row, t] = _satfinite_e5m2(g.reshape(1))[0]

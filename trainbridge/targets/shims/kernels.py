@@ -84,6 +84,16 @@ def linear_relu_square(a, b, aux=None):
     return _linear_relu_square(a, b, aux)
 
 
+def linear_relu_square_post_only(a, b, aux=None):
+    """aux None: post = relu(a @ b.T)^2 alone (pre rounded to bf16, squared in bf16); the forward
+    never keeps pre. aux given (the forward's post): 2 * (a @ b.T) * sqrt(post), since
+    relu(pre) = sqrt(post), computed in fp32 and rounded once."""
+    c = (a @ b.T).to(BF16)
+    if aux is None:
+        return c.relu().square().to(a.dtype)
+    return (2 * c.float() * aux.float().sqrt()).to(a.dtype)
+
+
 def linear_relu_square_fp8_up(a, b, aux=None, a_f8=None, b_f8=None, dequant_scale_ptr=None):
     """`linear_relu_square` whose forward product may come from fp8 operands `a_f8 @ b_f8.T`
     times the one-element `dequant_scale_ptr`."""
@@ -126,7 +136,11 @@ def quantize_transpose_mlp_down_weights(weights, output_storage, next_scales, us
                                         headroom=1.12):
     """output_storage[l] = e4m3(clamp(weights[l] / next_scales[l], +-448)).T; used_scales[l] =
     next_scales[l]; partial_amax[l, tile] = max |weights[l]| over each 64x64 tile (row-major
-    tiles); then next_scales from partial_amax as `reduce_mlp_activation_scales` does."""
+    tiles); then next_scales from partial_amax as `reduce_mlp_activation_scales` does.
+
+    A partial_amax with more tile columns than the weights have (a buffer the program sized for
+    its full-size weights, e.g. `torch.empty(12, 576)`, kept when the port scales the model
+    down) gets 0 in the columns past the last tile: |W| maxima are >= 0, so no scale changes."""
     num_layers, hidden_dim, model_dim = weights.shape
     assert output_storage.shape == (num_layers, model_dim, hidden_dim)
     w = weights.float()
@@ -134,9 +148,11 @@ def quantize_transpose_mlp_down_weights(weights, output_storage, next_scales, us
     q = (w / scale).clamp(-448.0, 448.0)
     output_storage.copy_(q.transpose(1, 2).to(E4M3))
     nh, nd = cdiv(hidden_dim, 64), cdiv(model_dim, 64)
-    assert partial_amax.shape == (num_layers, nh * nd)
+    assert partial_amax.dim() == 2 and partial_amax.shape[0] == num_layers and partial_amax.shape[1] >= nh * nd
     padded = F.pad(w.abs(), (0, nd * 64 - model_dim, 0, nh * 64 - hidden_dim))
-    partial_amax.copy_(padded.view(num_layers, nh, 64, nd, 64).amax(dim=(2, 4)).reshape(num_layers, nh * nd))
+    partial_amax.zero_()
+    partial_amax[:, :nh * nd].copy_(padded.view(num_layers, nh, 64, nd, 64).amax(dim=(2, 4))
+                                    .reshape(num_layers, nh * nd))
     used_scales.view(-1)[:num_layers].copy_(next_scales.view(-1)[:num_layers])
     reduce_mlp_activation_scales(partial_amax, next_scales, headroom=headroom)
 
@@ -302,6 +318,38 @@ def ce_fwd_bwd(logits, targets, mtp_weights, losses, grad_input, n_rows, n_predi
         pt = torch.exp(A * st - lse)
         gt = coef * (w.sum() * pt - term2.gather(1, tc)[:, 0]) * st * (1.0 - st)
         grad.scatter_(1, tc, torch.where(ok, gt, grad.gather(1, tc)[:, 0])[:, None])
+    grad_input[:n_rows].copy_(to_fp8_satfinite(grad, E5M2))
+
+
+def ce_fwd_bwd_prefix(logits, targets, mtp_weights, prefix_targets, prefix_weight, losses, grad_input, n_rows,
+                      n_predict, A, B, C, grad_s, grad_scale) -> None:
+    """`ce_fwd_bwd` with one more prediction per row: the prefix token `prefix_targets[r]`
+    (negative: none) weighted by the one-element `prefix_weight`. It adds a loss term, joins S_w
+    when valid, and its column gets the -weight term like the MTP targets; every prediction
+    (not only the first three) is subtracted at its target column."""
+    n_cols = logits.shape[1]
+    x = logits[:n_rows].float()
+    s32 = torch.sigmoid(x * (1.0 / C) + B / C)
+    s = s32.to(BF16).float()
+    row_max = (A * s32).amax(dim=1)
+    lse = row_max + torch.log(torch.exp(A * s - row_max[:, None]).sum(dim=1))
+    w = mtp_weights[:n_predict].float()
+    pw = prefix_weight.float().reshape(-1)[0]
+    pt = prefix_targets[:n_rows].long()
+    p_ok = (pt >= 0) & (pt < n_cols)
+    ptc = pt.clamp(0, n_cols - 1)
+    z = A * s
+    p_loss = torch.where(p_ok, pw * (lse - z.gather(1, ptc[:, None])[:, 0]), torch.zeros_like(lse))
+    losses[:n_rows].copy_(_mtp_losses(z, lse, targets, w, positive_only=False) + p_loss)
+    s_w = torch.where(p_ok, pw, torch.zeros_like(lse))
+    for i in range(n_predict):  # the kernel starts from the prefix weight, then adds each mtp weight
+        s_w = s_w + w[i]
+    _, term2 = _mtp_target_weights(targets, w, n_rows, n_cols)
+    term2.scatter_add_(1, ptc[:, None], torch.where(p_ok, pw, torch.zeros_like(pw))[:, None])
+    # term2 is nonzero exactly at the columns the kernel rewrites, and its rewrite is the
+    # every-column formula with term2 in it: one expression covers both.
+    coef = grad_scale * (A / C) * (1.0 / grad_s)
+    grad = coef * (s_w[:, None] * torch.exp(z - lse[:, None]) - term2) * s * (1.0 - s)
     grad_input[:n_rows].copy_(to_fp8_satfinite(grad, E5M2))
 
 
