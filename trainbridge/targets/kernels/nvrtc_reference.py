@@ -21,6 +21,15 @@ def _satfinite_e5m2(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x.isnan(), x, x.clamp(-E5M2_MAX, E5M2_MAX)).to(torch.float8_e5m2)
 
 
+def _block_softmax(row_logits, A, inv_C, B_div_C):
+    """One block's first phases: the tanh-form sigmoid into shared memory in bf16, the block
+    maximum of A * sigmoid (unrounded), the block sum over the bf16 values, lse."""
+    sig = 0.5 + torch.tanh((row_logits.to(torch.float32) * inv_C + B_div_C) * 0.5) * 0.5
+    smem = sig.to(torch.bfloat16)
+    block_max = (A * sig).max()
+    return smem, block_max + torch.log(torch.exp(A * smem.to(torch.float32) - block_max).sum())
+
+
 def ce_fwd_bwd(logits, targets, mtp_weights, losses, grad_input, n_rows, n_predict, A, B, C, grad_s,
                grad_scale) -> None:
     vocab = logits.shape[1]
@@ -35,12 +44,7 @@ def ce_fwd_bwd(logits, targets, mtp_weights, losses, grad_input, n_rows, n_predi
     for i in range(n_predict):  # every thread sums all n_predict weights
         S_w = S_w + weights[i]
     for row in range(n_rows):  # one CUDA block
-        vals = logits[row].to(f32)
-        sig = 0.5 + torch.tanh((vals * inv_C + B_div_C) * 0.5) * 0.5
-        smem = sig.to(torch.bfloat16)
-        block_max = (A * sig).max()
-        block_sum = torch.exp(A * smem.to(f32) - block_max).sum()
-        lse = block_max + torch.log(block_sum)
+        smem, lse = _block_softmax(logits[row], A, inv_C, B_div_C)
         total = torch.tensor(0.0, dtype=f32)
         for k in range(n_predict):
             if row + k < n_rows:
@@ -85,11 +89,7 @@ def ce_fwd_bwd_prefix(logits, targets, mtp_weights, prefix_targets, prefix_weigh
     tgt = [int(t) for t in targets]
     coef = grad_scale * (1.0 / C * A) * (1.0 / grad_s)
     for row in range(n_rows):
-        vals = logits[row].to(f32)
-        sig = 0.5 + torch.tanh((vals * inv_C + B_div_C) * 0.5) * 0.5
-        smem = sig.to(torch.bfloat16)
-        block_max = (A * sig).max()
-        lse = block_max + torch.log(torch.exp(A * smem.to(f32) - block_max).sum())
+        smem, lse = _block_softmax(logits[row], A, inv_C, B_div_C)
         t_p = int(prefix_targets[row])
         p_valid = 0 <= t_p < vocab
         total = torch.tensor(0.0, dtype=f32)

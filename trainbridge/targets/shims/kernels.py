@@ -289,6 +289,15 @@ class SoftcappedCrossEntropyFp8(torch.autograd.Function):
         return grad_x, None, None, grad_w, None, None, None
 
 
+def _nvrtc_ce_softmax(logits, n_rows, A, B, C):
+    """The NVRTC kernel's softmax phase: the sigmoid rounded to bf16 (s, as fp32), and the
+    log-sum-exp of A * s whose maximum uses the unrounded sigmoid."""
+    s32 = torch.sigmoid(logits[:n_rows].float() * (1.0 / C) + B / C)
+    s = s32.to(BF16).float()
+    row_max = (A * s32).amax(dim=1)
+    return s, row_max + torch.log(torch.exp(A * s - row_max[:, None]).sum(dim=1))
+
+
 def ce_fwd_bwd(logits, targets, mtp_weights, losses, grad_input, n_rows, n_predict, A, B, C, grad_s,
                grad_scale) -> None:
     """The fused softcapped cross-entropy forward and backward (the run-time compiled CUDA
@@ -298,17 +307,13 @@ def ce_fwd_bwd(logits, targets, mtp_weights, losses, grad_input, n_rows, n_predi
     valid target but no positive weight, and only the first three predictions are subtracted
     at the target columns."""
     n_cols = logits.shape[1]
-    x = logits[:n_rows].float()
-    s32 = torch.sigmoid(x * (1.0 / C) + B / C)
-    s = s32.to(BF16).float()
-    row_max = (A * s32).amax(dim=1)
-    lse = row_max + torch.log(torch.exp(A * s - row_max[:, None]).sum(dim=1))
+    s, lse = _nvrtc_ce_softmax(logits, n_rows, A, B, C)
     w = mtp_weights[:n_predict].float()
     losses[:n_rows].copy_(_mtp_losses(A * s, lse, targets, w, positive_only=False))
     coef = grad_scale * (A / C) * (1.0 / grad_s)
     grad = coef * (w.sum() * torch.exp(A * s - lse[:, None])) * s * (1.0 - s)
     s_w, term2 = _mtp_target_weights(targets, w, n_rows, n_cols, max_k=3)
-    rows = torch.arange(n_rows, device=x.device)
+    rows = torch.arange(n_rows, device=logits.device)
     for i in range(n_predict):  # only the columns of this row's targets get the -w_k terms
         idx = rows + i
         t = targets[idx.clamp(max=n_rows - 1)].long()
@@ -328,11 +333,7 @@ def ce_fwd_bwd_prefix(logits, targets, mtp_weights, prefix_targets, prefix_weigh
     when valid, and its column gets the -weight term like the MTP targets; every prediction
     (not only the first three) is subtracted at its target column."""
     n_cols = logits.shape[1]
-    x = logits[:n_rows].float()
-    s32 = torch.sigmoid(x * (1.0 / C) + B / C)
-    s = s32.to(BF16).float()
-    row_max = (A * s32).amax(dim=1)
-    lse = row_max + torch.log(torch.exp(A * s - row_max[:, None]).sum(dim=1))
+    s, lse = _nvrtc_ce_softmax(logits, n_rows, A, B, C)
     w = mtp_weights[:n_predict].float()
     pw = prefix_weight.float().reshape(-1)[0]
     pt = prefix_targets[:n_rows].long()
