@@ -437,11 +437,12 @@ class LLMRewriter:
         self.transcript: list[LLMExchange] = []
         self._answers: dict[str, LLMAnswer] = {}
         if client is None:
-            import httpx
             import openai
 
+            # openai.Timeout is the timeout class of the HTTP library this openai release is
+            # built on (httpx in 1.x, httpx2 in 3.x): another library's class is refused.
             client = openai.OpenAI(api_key=self.__key, base_url=self.base_url, max_retries=0,
-                                   timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 10.0)))
+                                   timeout=openai.Timeout(self.timeout_s, connect=min(self.timeout_s, 10.0)))
         elif hasattr(client, "with_options"):
             client = client.with_options(max_retries=0)
         self._client = client
