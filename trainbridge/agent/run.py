@@ -74,11 +74,24 @@ def _drive(cfg: RunConfig, paths: RunPaths, ledger: Ledger, reporter, initial) -
     # durability="sync": each checkpoint is on disk before the next node starts, so a kill
     # loses at most the node that was running (whose own ledger events make it idempotent).
     if initial is None:
-        snapshot = graph.get_state(config)
-        if not snapshot.next:
-            if any(isinstance(e, ev.RunFinished) for e in ledger.events()):
-                return  # already finished
+        if any(isinstance(e, ev.RunFinished) for e in ledger.events()):
+            return  # already finished
+        if not has_pending_work(graph, config):
             raise RuntimeError(f"{paths.root}: checkpoint has no pending node but the run never finished")
         graph.invoke(None, config=config, durability="sync")
     else:
         graph.invoke(initial, config=config, durability="sync")
+
+
+def has_pending_work(graph, config) -> bool:
+    """Whether the checkpoint can be continued.
+
+    A kill can land after a node finished and its writes were saved but before the step's
+    checkpoint was: LangGraph then lists that node in `tasks` (with its writes) and not in
+    `next`, which names only nodes still to run. `invoke(None)` applies the saved writes and
+    goes on, so such a checkpoint is resumable even though `next` is empty.
+    """
+    snapshot = graph.get_state(config)
+    if snapshot.created_at is None:  # no checkpoint for this thread at all
+        return False
+    return bool(snapshot.next or snapshot.tasks)
