@@ -18,7 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from small_workloads import small_nanogpt
-from trainbridge.agent.nodes import Nodes, RunContext
+from langgraph.runtime import Runtime
+
+from trainbridge.agent.context import RunContext
+from trainbridge.agent.nodes import collect
 from trainbridge.agent.state import RunConfig, RunPaths
 from trainbridge.harness.models import RunRequest
 from trainbridge.ledger import models as ev
@@ -90,7 +93,7 @@ def _collect_node(tmp_path, **cfg):
     said = []
     ctx = RunContext(cfg=config, workload=wl, paths=paths, ledger=ledger, rewriter=None,
                      report=lambda phase, **kw: said.append(kw))
-    Nodes(ctx).collect({})
+    collect({}, Runtime(context=ctx))
     (loaded,) = [e for e in ledger.events() if isinstance(e, ev.EvidenceLoaded)]
     return loaded, said, paths, ledger
 

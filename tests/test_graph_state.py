@@ -1,52 +1,76 @@
 """Every key a loop node returns must be a channel of RunState: LangGraph drops the others
 silently. (`low_precision` was missing, so after an accepted bf16 autocast the next
-candidates were checked against the fp32 baseline with the fp32 tolerance and rejected.)"""
+candidates were checked against the fp32 baseline with the fp32 tolerance and rejected.)
+The graph now refuses an undeclared key at run time; these tests try one."""
 
-import ast
-from pathlib import Path
-
+import pytest
 from langgraph.graph import END, START, StateGraph
 
-import trainbridge.agent.nodes as nodes
+from trainbridge.agent.candidate import Candidate, Stage
+from trainbridge.agent.graph import UndeclaredStateKey, _after_decide, _after_validate, _declared_keys_only
+from trainbridge.agent.nodes import NODES
+from trainbridge.agent.planner import PlanItem
 from trainbridge.agent.state import RunState
 
-
-def _returned_keys(tree: ast.AST) -> set[str]:
-    """String keys of dict literals returned by the nodes, or assigned to `update` and returned."""
-    keys: set[str] = set()
-    for node in ast.walk(tree):
-        value = None
-        if isinstance(node, ast.Return):
-            value = node.value
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "update" for t in node.targets):
-            value = node.value
-        if isinstance(value, ast.Dict):
-            keys |= {k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
-            for k, v in zip(value.keys, value.values):  # **({"low_precision": True} if ... else {})
-                if k is None and isinstance(v, ast.IfExp) and isinstance(v.body, ast.Dict):
-                    keys |= {kk.value for kk in v.body.keys if isinstance(kk, ast.Constant)}
-        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "update" \
-                and isinstance(node.slice, ast.Constant):
-            keys.add(node.slice.value)
-    return keys
+ITEM = PlanItem(key="rms_norm_fused@", recipe="rms_norm_fused", pattern="rms_norm", level="L2", gap_class="g",
+                confidence=0.5, score=1.0,
+                hypothesis={"ops_removed": ["aten::mean"], "predicted_saving_ms": 1.0, "predicted_saving_pct": 1.0,
+                            "reject_if": "slower"})
 
 
-def test_every_state_key_a_node_returns_is_a_channel():
-    tree = ast.parse(Path(nodes.__file__).read_text())
-    loop = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Nodes")
-    # the methods that take the graph state are the nodes and the helpers that build their updates
-    takes_state = [f for f in loop.body if isinstance(f, ast.FunctionDef) and any(a.arg == "state" for a in f.args.args)]
-    keys = set().union(*(_returned_keys(f) for f in takes_state))
-    assert "low_precision" in keys and "incumbent_dir" in keys  # the walk sees the updates
-    missing = keys - set(RunState.__annotations__)
-    assert not missing, f"node updates LangGraph would drop: {sorted(missing)}"
-
-
-def test_langgraph_keeps_low_precision_between_nodes():
+def _two_node_graph(first_update: dict):
     g = StateGraph(RunState)
-    g.add_node("accept", lambda s: {"low_precision": True, "accepted": ["c01"]})
-    g.add_node("validate", lambda s: {"phase": "low" if s.get("low_precision") else "fp32"})
-    g.add_edge(START, "accept")
-    g.add_edge("accept", "validate")
-    g.add_edge("validate", END)
-    assert g.compile().invoke({"phase": "start"})["phase"] == "low"
+    g.add_node("first", _declared_keys_only("first", lambda s, runtime: first_update))
+    g.add_node("second", _declared_keys_only("second", lambda s, runtime: {"phase": "low" if s.get("low_precision")
+                                                                            else "fp32"}))
+    g.add_edge(START, "first")
+    g.add_edge("first", "second")
+    g.add_edge("second", END)
+    return g.compile()
+
+
+def test_an_undeclared_key_stops_the_graph_instead_of_vanishing():
+    with pytest.raises(UndeclaredStateKey, match="low_precison"):
+        _two_node_graph({"low_precison": True}).invoke({"phase": "start"})  # the typo LangGraph would drop
+
+
+def test_declared_keys_pass_between_nodes_and_lists_accumulate():
+    out = _two_node_graph({"low_precision": True, "accepted": ["c02"], "tried": ["b", "a"]}).invoke(
+        {"phase": "start", "accepted": ["c01"], "tried": ["a"]})
+    assert out["phase"] == "low" and out["accepted"] == ["c01", "c02"] and out["tried"] == ["a", "b"]
+
+
+def test_every_loop_node_is_wrapped_by_the_check():
+    from trainbridge.agent.graph import build_graph
+
+    graph = build_graph()
+    assert set(NODES) <= set(graph.nodes)
+    for name in NODES:
+        assert graph.nodes[name].bound.func.__name__ == name  # the checked wrapper, named after the node
+
+
+def test_repair_ids_are_minted_from_the_planned_id_whatever_the_recipe_name():
+    c = Candidate.planned("c01-rms_norm_fused-r1", ITEM)  # a recipe whose name ends in -r1
+    c = c.model_copy(update={"source": "llm:m", "dir": "/runs/x/candidates/c01-rms_norm_fused-r1"})
+    r1 = c.repair("validate: loss diverged")
+    r2 = r1.model_copy(update={"dir": "/d/r1"}).repair("measure: slower")
+    assert (r1.id, r2.id) == ("c01-rms_norm_fused-r1-r1", "c01-rms_norm_fused-r1-r2")
+    assert r2.stage == Stage.REPAIR and r2.repairs == 2 and r2.previous_dir == "/d/r1"
+
+
+def test_a_candidate_refuses_unknown_fields_and_survives_the_checkpoint_form():
+    c = Candidate.planned("c03-x", ITEM)
+    again = Candidate.model_validate(c.to_state())
+    assert again == c and again.stage is Stage.PLANNED
+    with pytest.raises(ValueError):
+        Candidate.model_validate({**c.to_state(), "repiars": 1})
+
+
+def test_routers_read_the_stage():
+    def state(stage):
+        return {"current": Candidate.planned("c01-x", ITEM).model_copy(update={"stage": stage}).to_state()}
+    assert _after_validate(state(Stage.REPAIR)) == "rewrite"
+    assert _after_validate(state(Stage.VALIDATED_DRY_RUN)) == "decide"
+    assert _after_validate(state(Stage.VALIDATED)) == "measure"
+    assert _after_validate({"current": None}) == "plan"
+    assert _after_decide(state(Stage.REPAIR)) == "rewrite" and _after_decide({"current": None}) == "plan"

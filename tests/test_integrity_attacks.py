@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbridge.agent.evaluate import interleaved_timing, reference_run, validate
+from trainbridge.agent.evaluate import reference_run, validate
+from trainbridge.measure.timing import interleaved_timing
 from trainbridge.harness.runner import port_sources
 from trainbridge.measure.statistics import compare
 from trainbridge.workload import load_workload
@@ -198,3 +199,35 @@ def test_a_failed_timing_run_drops_its_whole_pair(setup):
     inc, cand, problems = interleaved_timing(wl, "cpu", incumbent=port, candidate=broken, pairs=2, out_dir=out,
                                              seed=1337)
     assert inc == [] and cand == [] and len(problems) == 2 and all("dropped" in p for p in problems)
+
+
+def _timed_check(ref, wl):
+    from trainbridge.measure.timed_runs import timed_run_problem
+
+    c = wl.manifest.correctness
+
+    def check(rnd):
+        return timed_run_problem(rnd["candidate"], rnd["incumbent"], ref.losses, loss_steps=c.steps,
+                                 rtol_fp32=c.fp32_rtol, rtol_low_precision=c.low_precision_rtol, low_precision=False)
+    return check
+
+
+def test_a_candidate_that_cheats_only_when_timed_is_caught_in_its_timed_runs(setup):
+    # It reads its own command line, which names the harness request: `validate-...` while it is
+    # checked, `candidate-...` while it is timed; it halves its batch only then.
+    from trainbridge.measure.timing import candidate_session
+
+    wl, port, ref, out = setup
+    cheat = _edit(port, "        x, y = get_batch(gen)\n",
+                  "        x, y = get_batch(gen)\n"
+                  "        if b'candidate-' in open('/proc/self/cmdline', 'rb').read():\n"
+                  "            x, y = x[:2], y[:2]\n")
+    v = _validate(setup, cheat)
+    assert v.passed or v.stage == "mechanism", v  # validation alone cannot see it: it behaves there
+    honest = candidate_session(wl, "cpu", incumbent=port, candidate=port, pairs=1, out_dir=out, seed=1337,
+                               check=_timed_check(ref, wl))
+    assert honest.violation is None and honest.rounds_kept == 1, honest.violation
+    caught = candidate_session(wl, "cpu", incumbent=port, candidate=cheat, pairs=2, out_dir=out, seed=1337,
+                               check=_timed_check(ref, wl))
+    assert caught.violation and "work items" in caught.violation and "when it is timed" in caught.violation
+    assert caught.rounds_kept == 0 and len(caught.orders) == 1, "the session stops at the first bad round"

@@ -100,7 +100,7 @@ def test_unknown_fields_and_bad_times_are_refused():
 
 
 def test_events_as_the_loop_writes_them():
-    """The call shapes of agent/nodes.py, agent/run.py, agent/report.py and ledger/verify.py:
+    """The call shapes of agent/nodes.py, agent/run.py, agent/report.py and review/verify.py:
     plain dicts (model_dump() of their own models) must validate into the typed fields."""
     b = {"run_id": RUN, "time_utc": ev.utc_now()}
     change = {"file": "train.py", "line": 3, "kind": "precision_lost", "before": "bf16", "after": "fp32",

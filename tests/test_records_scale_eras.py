@@ -525,3 +525,27 @@ def test_the_gpu_kernel_warmup_is_cut_to_one_step_and_training_steps_are_timed(w
     plain = scale_script(src.replace('model.load_state_dict(initial_state["model"])', "").replace(
         "initial_state = dict(", "saved = dict("), {"seq": 1024}, run_check=False)
     assert "kernel_warmup_steps" not in plain.applied
+
+
+# record 85: an attention kernel module beside the script, written for 6 heads of 128
+DC_KERNELS = '''
+import torch
+
+def dc_attention_forward_impl(q, k, v, window):
+    B, T, H, D = q.shape
+    assert B == 1 and H == 6 and D == 128
+    return q
+'''
+
+
+def test_a_kernel_files_asserted_head_size_is_kept():
+    six_heads = SCHEDULES.replace('        self.hdim = num_heads * head_dim\n',
+                                  '        assert num_heads == 6\n        self.hdim = num_heads * head_dim\n')
+    alone = scale_record(six_heads)
+    assert (alone.config["heads"], alone.config["head_dim"]) == (6, 32), "6 heads near width 256 without the kernel"
+    r = scale_record(six_heads, companions={"dc_triton_kernels.py": DC_KERNELS})
+    assert (r.config["heads"], r.config["head_dim"], r.config["width"]) == (6, 128, 768)
+    assert r.model["head_dim"] == 128 and r.model["model_dim"] == 768 and r.problems == [], r.problems
+    assert any("dc_triton_kernels.py line 6: `D == 128`" in n for n in r.notes), r.notes
+    asked = scale_record(six_heads, {"head_dim": 64}, companions={"dc_triton_kernels.py": DC_KERNELS})
+    assert any("written for head size 128" in p for p in asked.problems), asked.problems

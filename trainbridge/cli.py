@@ -259,12 +259,12 @@ def ledger_cmd(
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: not a run folder")
     if action == "measure":
-        from .ledger.measure_dry import measure_dry_run
+        from .review.measure_dry import measure_dry_run
 
         measure_dry_run(run_dir, pairs=pairs, console=console)
         return
     if action == "verify":
-        from .ledger.verify import verify_run
+        from .review.verify import verify_run
 
         outcome = verify_run(run_dir, pairs=pairs, console=console)
         raise typer.Exit(0 if outcome.holds else 1)

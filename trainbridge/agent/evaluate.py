@@ -3,8 +3,8 @@
 Validation order is cheapest first: parse, guard (protected regions, forbidden calls),
 one short run from the baseline's seed (it must import and train), loss trajectory
 against the baseline, work conservation (work items and FLOPs per step), and the
-mechanism check (did the operators the hypothesis named actually go away?). Timing is
-interleaved incumbent/candidate in separate processes, order alternating per pair.
+mechanism check (did the operators the hypothesis named actually go away?). Timing comes
+after, through `measure.timing`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pydantic import BaseModel, Field
 from ..harness.models import RunResult
 from ..harness.runner import run_workload
 from ..measure.correctness import compare_losses
-from ..measure.statistics import compare
 from ..measure.work import check_work
 from ..workload import Workload
 
@@ -130,36 +129,3 @@ def validate(
                           details={"mechanism_confirmed": False, "mechanism": note, "loss": loss.reason}), run
     return Validation(passed=True, stage="work", reason="parse, guard, run, loss and work checks passed",
                       details={"mechanism_confirmed": fell, "mechanism": note, "loss": loss.reason}), run
-
-
-def interleaved_timing(
-    workload: Workload, target: str, *, incumbent: dict[str, str], candidate: dict[str, str], pairs: int,
-    out_dir: Path, seed: int, on_run=None,
-) -> tuple[list[list[float]], list[list[float]], list[str]]:
-    """A B, B A, A B ...: separate processes, order alternating so drift cancels.
-
-    A pair with a failed run is dropped whole, so incumbent run k and candidate run k always
-    come from the same pair (the paired run-level interval in `compare` relies on it).
-    """
-    inc_runs, cand_runs, problems = [], [], []
-    for i in range(pairs):
-        order = [("incumbent", incumbent), ("candidate", candidate)]
-        if i % 2:
-            order.reverse()
-        got = {}
-        for label, files in order:
-            r = run_workload(workload, target, out_dir=out_dir, label=label, sources=files, seed=seed)
-            if on_run:
-                on_run(label, r)
-            if r.status != "ok":
-                problems.append(f"{label} run {r.status} (pair {i + 1} dropped): {(r.error or '')[:300]}")
-                break
-            got[label] = r.measured_ms
-        if len(got) == 2:
-            inc_runs.append(got["incumbent"])
-            cand_runs.append(got["candidate"])
-    return inc_runs, cand_runs, problems
-
-
-def decide(inc_runs, cand_runs, *, min_effect: float, confidence: float):
-    return compare(inc_runs, cand_runs, min_effect=min_effect, confidence=confidence)

@@ -13,8 +13,34 @@ from typing import Literal
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
-from .nodes import Nodes, RunContext
+from .candidate import Candidate, Stage
+from .context import RunContext
+from .nodes import NODES
 from .state import RunState
+
+
+class UndeclaredStateKey(KeyError):
+    """A node returned a key that is not a RunState channel (LangGraph would drop it silently)."""
+
+
+def _declared_keys_only(name: str, node):
+    """The node, refusing any update key RunState does not declare."""
+    channels = set(RunState.__annotations__)
+
+    def checked(state: RunState, runtime) -> dict:
+        update = node(state, runtime)
+        unknown = set(update or {}) - channels
+        if unknown:
+            raise UndeclaredStateKey(f"node {name!r} returned keys RunState does not declare: {sorted(unknown)}")
+        return update
+
+    checked.__name__ = name
+    return checked
+
+
+def _stage(state: RunState) -> Stage | None:
+    cur = state.get("current")
+    return Candidate.model_validate(cur).stage if cur else None
 
 
 def _after_plan(state: RunState) -> Literal["rewrite", "report"]:
@@ -26,32 +52,30 @@ def _after_rewrite(state: RunState) -> Literal["validate", "plan"]:
 
 
 def _after_validate(state: RunState) -> Literal["measure", "rewrite", "plan", "decide"]:
-    cur = state.get("current")
-    if not cur:
+    stage = _stage(state)
+    if stage is None:
         return "plan"
-    if cur.get("stage") == "repair":
+    if stage == Stage.REPAIR:
         return "rewrite"
     # a dry run (npu references on the CPU) validates but never measures
-    return "decide" if cur.get("stage") == "validated_dry_run" else "measure"
+    return "decide" if stage == Stage.VALIDATED_DRY_RUN else "measure"
 
 
 def _after_decide(state: RunState) -> Literal["rewrite", "plan"]:
-    cur = state.get("current")
-    return "rewrite" if cur and cur.get("stage") == "repair" else "plan"
+    return "rewrite" if _stage(state) == Stage.REPAIR else "plan"
 
 
-def build_graph(ctx: RunContext, checkpointer=None):
-    n = Nodes(ctx)
-    g = StateGraph(RunState)
-    g.add_node("port", n.port)            # naive port: the baseline program
-    g.add_node("baseline", n.baseline)    # reference losses, A/A timing, profile
-    g.add_node("collect", n.collect)      # GPU evidence -> intents
-    g.add_node("plan", n.plan)            # next (recipe, intent) by predicted saving
-    g.add_node("rewrite", n.rewrite)      # one-mechanism candidate program
-    g.add_node("validate", n.validate)    # parse, guard, run, loss, work, mechanism
-    g.add_node("measure", n.measure)      # interleaved timing vs the incumbent
-    g.add_node("decide", n.decide)        # accept -> new incumbent, else reject
-    g.add_node("report", n.report)        # final program, diff, end-to-end measurement
+def build_graph(checkpointer=None):
+    """The loop's graph; run it with `context=RunContext(...)` (LangGraph's runtime context)."""
+    g = StateGraph(RunState, context_schema=RunContext)
+    for name, node in NODES.items():
+        g.add_node(name, _declared_keys_only(name, node))
+    # port: naive port, the baseline program; baseline: reference losses, A/A timing, profile;
+    # collect: GPU evidence -> intents; plan: next (recipe, intent) by predicted saving;
+    # rewrite: one-mechanism candidate; validate: parse, guard, run, loss, work, mechanism;
+    # measure: interleaved timing vs the incumbent; decide: accept -> new incumbent, else
+    # reject (a model's candidate may go back for repair); report: final program, diffs,
+    # end-to-end measurement.
     g.add_edge(START, "port")
     g.add_edge("port", "baseline")
     g.add_edge("baseline", "collect")
@@ -60,7 +84,7 @@ def build_graph(ctx: RunContext, checkpointer=None):
     g.add_conditional_edges("rewrite", _after_rewrite)
     g.add_conditional_edges("validate", _after_validate)
     g.add_edge("measure", "decide")
-    g.add_conditional_edges("decide", _after_decide)  # a model's slower candidate may be repaired
+    g.add_conditional_edges("decide", _after_decide)
     g.add_edge("report", END)
     return g.compile(checkpointer=checkpointer)
 

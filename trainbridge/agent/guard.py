@@ -1,6 +1,6 @@
 """Static checks on a candidate program, before anything runs.
 
-Each rule refuses, at the source, one attack from measurement_integrity.md (a candidate
+Each rule refuses, at the source, one attack from docs/measurement_integrity.md (a candidate
 that seizes what the harness owns, skips work structurally, or hides a fallback to the
 original path), in the manner of KernelBench's static checker: a registry of named rules,
 a stated rationale above each, two tiers (`error` refuses the candidate, `warning` is

@@ -10,43 +10,41 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..harness.runner import run_workload
 from ..ledger import models as ev
-from ..measure.statistics import compare
-from .nodes import RunContext, unified_diff
-from .state import RunState, read_program, write_program
+from ..measure.acceptance import judge
+from ..measure.timing import interleave, program_arm
+from .context import RunContext
+from .programs import read_program, unified_diff, write_program
+from .state import RunState
 
 COMPILE_PLUGIN = "trainbridge.harness.compile_plugin:CompilePortPlugin"
 
 
 def end_to_end(ctx: RunContext, port: dict[str, str], final: dict[str, str], *, pairs: int,
-               with_compile: bool, out: Path) -> dict:
-    """Interleaved port / final / compiled-port runs; returns raw samples and comparisons."""
+               with_compile: bool, out: Path, bar: float) -> dict:
+    """Interleaved port / final / compiled-port rounds; returns raw samples and comparisons.
+
+    The final program is judged against the port at the run's bar (the A/A check's, if it
+    raised the configured one), as every candidate was. The compiled port is a reference
+    point, compared without a bar.
+    """
     cfg, wl = ctx.cfg, ctx.workload
-    arms = {"port": [], "final": [], "compiled_port": []}
-    for i in range(pairs):
-        order = ["port", "final"] + (["compiled_port"] if with_compile else [])
-        if i % 2:
-            order.reverse()
-        for arm in order:
-            ctx.report("report", detail=f"end-to-end {arm} run {i + 1}/{pairs}")
-            if arm == "compiled_port":
-                r = run_workload(wl, cfg.target, out_dir=out, label=arm, sources=port, seed=cfg.seed,
-                                 plugins=[COMPILE_PLUGIN], warmup_steps=wl.manifest.steps.warmup + 2)
-            else:
-                r = run_workload(wl, cfg.target, out_dir=out, label=arm, sources=port if arm == "port" else final,
-                                 seed=cfg.seed)
-            if r.status == "ok":
-                arms[arm].append(r.measured_ms)
-    result = {"runs_ms": arms}
-    if arms["port"] and arms["final"]:
-        result["final_vs_port"] = compare(arms["port"], arms["final"], min_effect=cfg.min_effect,
-                                          confidence=cfg.confidence).model_dump()
-    if arms["compiled_port"] and arms["final"]:
-        result["final_vs_compiled_port"] = compare(arms["compiled_port"], arms["final"], min_effect=0.0,
-                                                   confidence=cfg.confidence).model_dump()
-        result["compiled_port_vs_port"] = compare(arms["port"], arms["compiled_port"], min_effect=0.0,
-                                                  confidence=cfg.confidence).model_dump()
+    arms = {"port": program_arm(wl, cfg.target, port, out_dir=out, label="port", seed=cfg.seed),
+            "final": program_arm(wl, cfg.target, final, out_dir=out, label="final", seed=cfg.seed)}
+    if with_compile:
+        arms["compiled_port"] = program_arm(wl, cfg.target, port, out_dir=out, label="compiled_port", seed=cfg.seed,
+                                            plugins=[COMPILE_PLUGIN], warmup_steps=wl.manifest.steps.warmup + 2)
+    session = interleave(arms, pairs, on_run=lambda arm, i, r: ctx.report(
+        "report", detail=f"end-to-end {arm} run {i + 1}/{pairs}"))
+    runs = {"port": [], "final": [], "compiled_port": [], **session.runs_ms}
+    result = {"runs_ms": runs, "min_effect": bar, "problems": session.problems}
+    if runs["port"] and runs["final"]:
+        result["final_vs_port"] = judge(runs["port"], runs["final"], bar=bar, confidence=cfg.confidence).model_dump()
+    if runs["compiled_port"] and runs["final"]:
+        result["final_vs_compiled_port"] = judge(runs["compiled_port"], runs["final"], bar=0.0,
+                                                 confidence=cfg.confidence).model_dump()
+        result["compiled_port_vs_port"] = judge(runs["port"], runs["compiled_port"], bar=0.0,
+                                                confidence=cfg.confidence).model_dump()
     return result
 
 
@@ -63,7 +61,7 @@ def final_report(ctx: RunContext, state: RunState) -> dict:
         e2e = {"runs_ms": {}, "note": "dry run: validated against torch_npu references on the CPU, not measured"}
     else:
         e2e = end_to_end(ctx, port, final, pairs=cfg.timing_pairs, with_compile=cfg.compare_compile,
-                         out=paths.root / "end_to_end")
+                         out=paths.root / "end_to_end", bar=state.get("min_effect") or cfg.min_effect)
     (paths.root / "end_to_end.json").write_text(json.dumps(e2e, indent=1))
     fvp = e2e.get("final_vs_port") or {}
     fvc = e2e.get("final_vs_compiled_port")

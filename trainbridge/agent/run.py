@@ -14,7 +14,7 @@ from ..ledger import models as ev
 from ..ledger.store import Ledger
 from ..workload import load_workload
 from .graph import build_graph, open_checkpointer
-from .nodes import RunContext
+from .context import RunContext
 from .state import RunConfig, RunPaths
 
 
@@ -69,7 +69,7 @@ def _drive(cfg: RunConfig, paths: RunPaths, ledger: Ledger, reporter, initial) -
     ctx = RunContext(cfg=cfg, workload=workload, paths=paths, ledger=ledger, rewriter=make_rewriter(cfg),
                      report=reporter or (lambda phase, **kw: None))
     saver = open_checkpointer(paths.checkpoints)
-    graph = build_graph(ctx, checkpointer=saver)
+    graph = build_graph(checkpointer=saver)
     config = {"configurable": {"thread_id": cfg.run_id}, "recursion_limit": 10_000}
     # durability="sync": each checkpoint is on disk before the next node starts, so a kill
     # loses at most the node that was running (whose own ledger events make it idempotent).
@@ -78,9 +78,9 @@ def _drive(cfg: RunConfig, paths: RunPaths, ledger: Ledger, reporter, initial) -
             return  # already finished
         if not has_pending_work(graph, config):
             raise RuntimeError(f"{paths.root}: checkpoint has no pending node but the run never finished")
-        graph.invoke(None, config=config, durability="sync")
+        graph.invoke(None, config=config, context=ctx, durability="sync")
     else:
-        graph.invoke(initial, config=config, durability="sync")
+        graph.invoke(initial, config=config, context=ctx, durability="sync")
 
 
 def has_pending_work(graph, config) -> bool:

@@ -6,9 +6,8 @@ the run folder (`RunPaths`), so a checkpoint stays cheap and a person can read e
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Annotated, Literal, TypedDict
 
 from pydantic import BaseModel, Field
 
@@ -89,33 +88,19 @@ class RunPaths:
         return self.root / "report.md"
 
 
-def write_program(dest: Path, files: dict[str, str]) -> None:
-    for rel, text in files.items():
-        p = dest / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    (dest / "files.json").write_text(json.dumps(sorted(files)))
+def _union(old: list[str] | None, new: list[str] | None) -> list[str]:
+    return sorted(set(old or []) | set(new or []))
 
 
-def read_program(src: Path) -> dict[str, str]:
-    names = json.loads((src / "files.json").read_text())
-    return {rel: (src / rel).read_text() for rel in names}
-
-
-class Candidate(TypedDict, total=False):
-    id: str
-    recipe: str
-    pattern: str
-    level: str
-    gap_class: str
-    intent_id: str | None
-    dir: str
-    stage: str  # proposed | validated | measured
-    speedup: float | None
-    note: str
+def _append(old: list[str] | None, new: list[str] | None) -> list[str]:
+    return [*(old or []), *(new or [])]
 
 
 class RunState(TypedDict, total=False):
+    """The graph's channels. A node returns a partial update of these keys only: the graph
+    refuses any other key (LangGraph itself would drop it without a word). The list channels
+    accumulate: a node returns the ids it adds, not the whole list."""
+
     run_dir: str
     phase: str
     started_at: float
@@ -125,10 +110,10 @@ class RunState(TypedDict, total=False):
     baseline_median_ms: float
     min_effect: float       # the bar decisions use (the A/A check may raise cfg.min_effect)
     low_precision: bool     # an accepted candidate lowered precision: later ones get the low-precision tolerance
-    tried: list[str]        # plan keys (recipe@sites) already turned into candidates
-    candidates: list[str]   # candidate ids in order
-    accepted: list[str]
-    rejected: list[str]
-    current: Candidate | None
+    tried: Annotated[list[str], _union]         # plan keys (recipe@sites) already turned into candidates
+    candidates: Annotated[list[str], _append]   # candidate ids in order, repairs included
+    accepted: Annotated[list[str], _append]
+    rejected: Annotated[list[str], _append]
+    current: dict | None    # a `Candidate` as `Candidate.to_state()` stores it
     n_candidates: int
     done_reason: str

@@ -6,6 +6,7 @@ import os
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from ..aten_ops import GRAPH_LIBRARY_CALLS
 from .bundle import (EvidenceBundle, GraphBreak, GraphRecord, KernelRecord, MatmulDtype, Route, SourceLoc)
 from .codeparse import kind_from_ops, op_family, short_op
 from .frames import read_line
@@ -15,7 +16,7 @@ from .recognize import recognize, recognize_backward
 from .source_scan import scan_program
 from .supernodes import build_supernodes
 
-_MM = {"mm", "bmm", "addmm", "baddbmm", "convolution", "_scaled_mm"}
+_MM = GRAPH_LIBRARY_CALLS
 _SKIP_OPS = {"getitem"}
 # nodes that only relabel memory (or constants): their source line is the producer's
 _LAYOUT_OPS = {"view", "_unsafe_view", "reshape", "t", "permute", "transpose", "expand", "alias", "squeeze",

@@ -35,15 +35,14 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..harness.plugins import HarnessPlugin
+from ..aten_ops import FUSED_ATTENTION, GRAPH_LIBRARY_CALLS
 from .bundle import Route, SourceLoc
 from .codeparse import parse_output_code
 from .eager import EagerStepProfiler
 from .frames import SourceFilter
 from .raw import RawCapture, RawGraph, RawGraphBreak, RawLaunch, RawNode
 
-_MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "_scaled_mm", "convolution",
-               "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-               "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention"}
+_MATMUL_OPS = GRAPH_LIBRARY_CALLS | {"matmul"} | FUSED_ATTENTION
 
 
 def decide_route(device: str) -> Route:

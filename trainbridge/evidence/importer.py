@@ -23,6 +23,7 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from ..aten_ops import GRAPH_LIBRARY_CALLS
 from .api import build_bundle
 from .bundle import EvidenceBundle, Phase
 from .codeparse import library_kind, parse_output_code, short_op
@@ -37,7 +38,7 @@ _DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float
            "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "b8": "bool"}
 _OPTIMIZER_OPS = {"addcdiv", "addcmul", "lerp", "_foreach_add", "_foreach_mul", "_foreach_lerp", "_fused_adamw",
                   "_fused_adam", "_foreach_addcdiv", "_foreach_addcmul"}
-_MM_OPS = {"mm", "bmm", "addmm", "baddbmm", "convolution", "_scaled_mm"}
+_MM_OPS = GRAPH_LIBRARY_CALLS
 
 
 def parse_graph_readable(text: str, filt: SourceFilter) -> dict[str, RawNode]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from ..aten_ops import CONVOLUTION_BACKWARD, FUSED_ATTENTION, MATMUL
 from .bundle import (EagerOps, Intent, IntentEvidence, KernelRecord, MatmulDtype, SourceLoc, SourceSpan,
                      Supernode, TargetOp)
 from .codeparse import short_op
@@ -143,9 +144,7 @@ _TITLE = {
     "pointwise_chain": "chain of elementwise ops fused in one GPU kernel",
 }
 
-_LIB_OPS = {"mm", "bmm", "addmm", "baddbmm", "convolution", "convolution_backward", "_scaled_dot_product_flash_attention",
-            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu",
-            "_scaled_dot_product_flash_attention_for_cpu_backward", "matmul"}
+_LIB_OPS = MATMUL | {"matmul", "convolution"} | CONVOLUTION_BACKWARD | FUSED_ATTENTION
 
 
 def grade_of(conf: float) -> str:

@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..targets import TargetUnavailable, get_target
 from ..targets.base import cpu_model
 from ..targets.capabilities import cpu_signature
+from ..aten_ops import PRECISION_GEMMS, dispatcher_names
 from .handwritten_optimizers import HandwrittenOptimizerHooks
 from .models import Environment, OpCount, RunRequest, RunResult, StepRecord
 from .plugins import HarnessPlugin, load_plugin
@@ -50,8 +51,7 @@ class HarnessStop(BaseException):
 
 
 # The matrix-unit ops: a precision change (autocast, a cast to fp32) shows in their dtypes.
-GEMM_OPS = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution",
-                      "aten.convolution_backward", "aten._convolution", "aten.mkldnn_convolution"})
+GEMM_OPS = dispatcher_names(PRECISION_GEMMS)
 
 
 class _OpCounter(TorchDispatchMode):

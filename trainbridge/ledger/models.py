@@ -76,6 +76,8 @@ class EndToEnd(_Strict):
     final_vs_port: Comparison | None = None
     final_vs_compiled_port: Comparison | None = None
     compiled_port_vs_port: Comparison | None = None
+    min_effect: float | None = Field(None, description="the bar final_vs_port was judged at: the run's (A/A-raised) one")
+    problems: list[str] = Field(default_factory=list, description="rounds dropped because a run failed")
     note: str = Field("", description="e.g. why nothing was measured (dry run)")
 
 
@@ -210,6 +212,7 @@ class CandidateDecided(_Event):
     reason: str
     incumbent_speedup_vs_baseline: float | None = Field(
         None, description="chained estimate; the end-to-end figure is measured at the end")
+    rule: str | None = Field(None, description="the acceptance rule that decided (measure.acceptance.Rule)")
 
 
 class RunFinished(_Event):
@@ -231,6 +234,8 @@ class VerifyResult(_Event):
     measured_speedup: float
     ci: tuple[float, float]
     holds: bool
+    min_effect: float | None = Field(None, description="the bar the run decided with, used again here")
+    problems: list[str] = Field(default_factory=list, description="rounds dropped because a run failed")
     port_runs_ms: list[list[float]] = Field(default_factory=list)
     final_runs_ms: list[list[float]] = Field(default_factory=list)
 

@@ -57,16 +57,19 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
         pred = f"{p.hypothesis.predicted_saving_pct:.1f}%" if p else "-"
         lines.append(
             f"| {cid} | {p.pattern if p else '-'} | {p.level if p else '-'} | {(p.mechanism if p else '')[:60]} | "
-            f"{pred} | {_ci(m.comparison if m else None)} | {d.decision} | {d.reason[:120].replace('|', '/')} |")
+            f"{pred} | {_ci(m.comparison if m else None)} | {d.decision}{f' ({d.rule})' if d.rule else ''} | "
+            f"{d.reason[:120].replace('|', '/')} |")
     lines.append("")
     if fin:
         e2e = fin.end_to_end
         lines += ["## End to end (measured in one interleaved session)", "",
-                  f"- final vs port: {_ci(e2e.final_vs_port)}",
+                  f"- final vs port: {_ci(e2e.final_vs_port)}"
+                  + (f", judged at the run's bar of {e2e.min_effect:.1%}" if e2e.min_effect is not None else ""),
                   f"- torch.compile of the port vs port: {_ci(e2e.compiled_port_vs_port)}",
                   f"- final vs torch.compile of the port: {_ci(e2e.final_vs_compiled_port)}",
                   f"- accepted: {', '.join(fin.accepted) or 'none'}; rejected: {len(fin.rejected)}",
-                  f"- loop ended: {fin.done_reason}", "",
+                  f"- loop ended: {fin.done_reason}",
+                  *[f"- dropped round: {p}" for p in e2e.problems], "",
                   "Final program: `final/` (diffs `final/vs_port.diff`, `final/vs_original.diff`).", ""]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))

@@ -47,6 +47,7 @@ class CandidateSummary(BaseModel):
     stage: str | None = None  # last validation stage recorded
     validated: bool | None = None
     reason: str = ""
+    rule: str | None = None  # the acceptance rule that decided (measure.acceptance.Rule)
     speedup: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
@@ -147,7 +148,7 @@ class Ledger:
                 c = e.comparison
                 s.speedup, s.ci_low, s.ci_high, s.suspicious = c.speedup, c.ci_low, c.ci_high, c.suspicious
             elif isinstance(e, CandidateDecided):
-                s.decision, s.reason = e.decision, e.reason
+                s.decision, s.reason, s.rule = e.decision, e.reason, e.rule
                 s.incumbent_speedup_vs_baseline = e.incumbent_speedup_vs_baseline
         return list(out.values())
 

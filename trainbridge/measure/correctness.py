@@ -1,4 +1,4 @@
-"""Does the candidate compute the same thing? Two levels, as measurement_integrity.md asks.
+"""Does the candidate compute the same thing? Two levels, as docs/measurement_integrity.md says.
 
 1. Whole program (`compare_losses`): the loss trajectory over K steps from the same seed,
    within a dtype-aware tolerance. Missing, non-finite, exactly-zero or constant losses fail

@@ -2,7 +2,7 @@
 
 Stateless: a `RunResult` (measured steps + profiler window + op count) in, a
 `ProfileReport` out. The verdict follows the bottleneck classes of the Ascend tuning guide
-(../shared/seeds/000_...): host-bound (device idle between small operators; on a CPU, the
+(docs/method.md): host-bound (device idle between small operators; on a CPU, the
 time outside operators: Python and dispatch), compute-bound (GEMM/convolution dominate),
 memory-bound (elementwise and reduction operators dominate), communication-bound.
 """
@@ -14,20 +14,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from ..aten_ops import MATRIX_ENGINE, profiler_names
 from ..harness.models import RunResult
 
 Verdict = Literal["host-bound", "compute-bound", "memory-bound", "communication-bound", "unknown"]
 
 # Operators whose time is matrix-engine work (cube on Ascend, tensor cores on GPU).
-GEMM_OPS = {
-    "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::_scaled_mm",
-    "aten::convolution", "aten::_convolution", "aten::mkldnn_convolution", "aten::conv2d",
-    "aten::convolution_backward", "aten::_scaled_dot_product_flash_attention_for_cpu",
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-    "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
-    "aten::_flash_attention_forward", "aten::_flash_attention_backward", "aten::mkldnn_matmul",
-    "aten::_weight_int8pack_mm", "aten::_mm_plus_mm", "aten::linear_backward",
-}
+GEMM_OPS = profiler_names(MATRIX_ENGINE)
 COMM_MARKERS = ("nccl", "gloo", "hccl", "c10d::", "allreduce", "all_reduce", "reduce_scatter", "all_gather")
 # Composite ops whose time is already counted in the kernels they call (self time is tiny).
 HOST_THRESHOLD = 0.10  # free/outside-operator share that makes a step host-bound (advisor rule)

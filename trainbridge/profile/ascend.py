@@ -8,7 +8,7 @@ versioned schema (`SCHEMA`); missing optional files are listed, malformed rows a
 and counted. The analyzers (`step_breakdown`, `kernel_time`, `aicpu_ops`, `bound_ops`,
 `matmul_alignment`, `affinity_matches`, `schedule_check`, `check_environment`) are pure
 functions of those rows; `analyse_ascend` joins them into an `AscendProfileReport` whose
-verdict uses the msprof-analyze advisor's thresholds (shared/reference/torch_npu.md) and
+verdict uses the msprof-analyze advisor's thresholds (docs/npu.md) and
 whose suggestions name entries of trainbridge/targets/npu_catalog.json.
 """
 
@@ -574,7 +574,7 @@ def matmul_alignment(kernels: list[KernelRow] | None) -> list[Finding]:
             for (t, shp, kk), ks in sorted(groups.items(), key=lambda kv: -sum(k.duration_us for k in kv[1]))]
 
 
-# affinity patterns over top-level aten call sequences (advisor rules; torch_npu.md)
+# affinity patterns over top-level aten call sequences (advisor rules; docs/npu.md)
 _CHUNK = r"(?:(?:chunk|slice|split|narrow) )+"
 AFFINITY: tuple[tuple[str, str, str], ...] = (
     ("rms_norm", r"pow mean add rsqrt mul ", "npu_rms_norm"),

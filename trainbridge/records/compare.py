@@ -92,7 +92,7 @@ def write_workload(entry: RecordEntry, dest: Path, overrides: dict[str, object],
     (dest / "logs").mkdir(exist_ok=True)
     for sub in run_id_folders(entry.script):
         (dest / "logs" / sub).mkdir(parents=True, exist_ok=True)
-    scaled = scale_record(entry.script, overrides, shards=Path(WORKLOAD_DATA))
+    scaled = scale_record(entry.script, overrides, shards=Path(WORKLOAD_DATA), companions=entry.extra_files)
     (dest / "train_gpt.py").write_text(scaled.source)
     for name, text in entry.extra_files.items():
         (dest / name).write_text(text)

@@ -110,7 +110,7 @@ def expand(overrides: dict[str, object]) -> dict[str, object]:
 
 
 def scale_script(source: str, overrides: dict[str, object], *, explicit: set[str] | None = None,
-                 run_check: bool = True) -> ScaleResult:
+                 run_check: bool = True, companions: dict[str, str] | None = None) -> ScaleResult:
     """Rewrite the script's hyperparameters for these knobs and exact names.
 
     `explicit`: the knobs the user asked for (the rest are defaults, which yield to what the
@@ -125,7 +125,7 @@ def scale_script(source: str, overrides: dict[str, object], *, explicit: set[str
     if explicit is None:
         explicit = {k for k, v in overrides.items() if k not in CPU_DEFAULTS or CPU_DEFAULTS[k] != v}
     sites = find_sites(tree)
-    p = plan(tree, source, sites, knobs, explicit, names)
+    p = plan(tree, source, sites, knobs, explicit, names, companions)
     edits, applied, settings = [], {}, {}
     for i, value in p.values.items():
         s = sites[i]
@@ -169,10 +169,11 @@ def scale_script(source: str, overrides: dict[str, object], *, explicit: set[str
 
 
 def scale_record(source: str, overrides: dict[str, object] | None = None, *, shards: Path | None = None,
-                 run_check: bool = True) -> ScaleResult:
+                 run_check: bool = True, companions: dict[str, str] | None = None) -> ScaleResult:
     """The CPU configuration for one record: CPU_DEFAULTS, then the user's knobs and names.
 
-    `shards`: a folder of `train_*.bin` / `val_*.bin` the script should read.
+    `shards`: a folder of `train_*.bin` / `val_*.bin` the script should read. `companions`:
+    the record's other files (kernel modules), whose asserted head shapes the scale keeps.
     """
     user = dict(overrides or {})
     knobs = {**CPU_DEFAULTS, **user}
@@ -181,7 +182,7 @@ def scale_record(source: str, overrides: dict[str, object] | None = None, *, sha
         knobs.setdefault("train_files", str(shards / "train_*.bin"))
         knobs.setdefault("val_files", str(shards / "val_*.bin"))
     explicit = set(user) | {"train_files", "val_files"}
-    result = scale_script(source, knobs, explicit=explicit, run_check=run_check)
+    result = scale_script(source, knobs, explicit=explicit, run_check=run_check, companions=companions)
     # defaults that a record has no place for are not worth reporting as unmatched
     result.unmatched = [k for k in result.unmatched if k in explicit]
     return result

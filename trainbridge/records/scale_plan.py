@@ -52,7 +52,8 @@ class Plan:
 class ModelFacts:
     """What the model code fixes: layer-index logic, asserted head counts, head_dim defaults."""
 
-    def __init__(self, tree: ast.Module, source: str, record_layers: int | None):
+    def __init__(self, tree: ast.Module, source: str, record_layers: int | None,
+                 companions: dict[str, str] | None = None):
         self.layer_ties: list[str] = []
         self.head_tie: tuple[int, str] | None = None
         self.fixed_head_dim: tuple[int, str] | None = None
@@ -60,9 +61,19 @@ class ModelFacts:
         self.paired_heads = "num_heads // 2" in source
         self._source = source
         self._ties: list[tuple[int, int, str]] = []
+        self.asserted_head_dim: tuple[int, str] | None = None
         for cls in tree.body:
             if isinstance(cls, ast.ClassDef) and _is_module(cls):
                 self._scan(cls, record_layers)
+        # the kernel files shipped beside the script (record 61 on) hold the attention wrappers
+        for name, text in [("", source), *sorted((companions or {}).items())]:
+            try:
+                module = tree if not name else ast.parse(text)
+            except SyntaxError:
+                continue
+            for fn in ast.walk(module):
+                if isinstance(fn, ast.FunctionDef):
+                    self._scan_shape_checks(fn, name, text)
         # strongest evidence first: a named layer index, then a per-layer list, then counts
         self.layer_ties = [t for _, _, t in sorted(set(self._ties))][:6]
 
@@ -103,6 +114,32 @@ class ModelFacts:
                 if callee in ("range", "chunk", "ones", "zeros", "empty", "full") and isinstance(first, int) \
                         and first >= 5 and first in tied_counts:
                     self._tie(node, f"{first}, tied to the record's {n} layers", 2 if first == n else 4)
+
+
+    def _scan_shape_checks(self, fn: ast.FunctionDef, file: str, text: str) -> None:
+        """`B, T, H, D = q.shape` then `H == 6` / `D != 128`: a kernel wrapper written for one
+        head count and head size (record 85's attention kernels refuse any other)."""
+        dims: dict[str, str] = {}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
+                    and len(node.targets[0].elts) == 4 and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "shape":
+                names = [_name(e) for e in node.targets[0].elts]
+                dims.update({names[2]: "heads", names[3]: "head_dim"})
+        if not dims:
+            return
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Compare) and len(node.comparators) == 1 and \
+                    isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+                what = dims.get(_name(node.left))
+                value = const_eval(node.comparators[0])
+                if what and isinstance(value, int):
+                    seg = " ".join((ast.get_source_segment(text, node) or "").split())[:70]
+                    where = f"{file + ' ' if file else ''}line {node.lineno}: `{seg}` in `{fn.name}`"
+                    if what == "heads" and self.head_tie is None:
+                        self.head_tie = (value, where)
+                    elif what == "head_dim" and self.asserted_head_dim is None:
+                        self.asserted_head_dim = (value, where)
 
 
 def _is_module(cls: ast.ClassDef) -> bool:
@@ -146,13 +183,14 @@ def _round_block(v: float, unit: int) -> int:
 
 
 def plan(tree: ast.Module, source: str, sites: list[Site], knobs: dict[str, object],
-         explicit: set[str], names: dict[str, object]) -> Plan:
-    """Values per site for these knobs (`explicit`: the knobs the user gave; `names`: exact names)."""
+         explicit: set[str], names: dict[str, object], companions: dict[str, str] | None = None) -> Plan:
+    """Values per site for these knobs (`explicit`: the knobs the user gave; `names`: exact names;
+    `companions`: the files shipped beside the script, read for the shapes their kernels assert)."""
     p = Plan()
     k = knobs
     record_layers = _first(sites, LAYER_NAMES)
     record_layers = record_layers if isinstance(record_layers, int) else None
-    model = ModelFacts(tree, source, record_layers)
+    model = ModelFacts(tree, source, record_layers, companions)
     p.model = model
 
     # -- model shape
@@ -208,6 +246,15 @@ def plan(tree: ast.Module, source: str, sites: list[Site], knobs: dict[str, obje
             if width is None:
                 width = heads * (head_dim or 64)
             head_dim = width // heads
+        asserted = model.asserted_head_dim
+        if asserted and head_dim != asserted[0]:
+            if "head_dim" in explicit or "width" in explicit:
+                p.problems.append(f"head_dim {head_dim} asked for, but the code is written for head size "
+                                  f"{asserted[0]} ({asserted[1]})")
+            else:
+                head_dim, width = asserted[0], heads * asserted[0]
+                p.notes = [n for n in p.notes if not n.startswith("head_dim ")]  # superseded
+                p.notes.append(f"head_dim kept at {head_dim}, width {width}: {asserted[1]}")
         if width % heads:
             p.problems.append(f"width {width} is not a multiple of heads {heads}")
         if head_dim % 4:

@@ -49,7 +49,7 @@ def scale_rows(index: RecordIndex, overrides: dict[str, object] | None = None, *
             continue
         row = ScaleRow(num=e.num, key=e.key)
         try:
-            r = scale_record(e.script, overrides, shards=Path("/shards"))
+            r = scale_record(e.script, overrides, shards=Path("/shards"), companions=e.extra_files)
         except ScaleError as err:
             row.problems = [str(err)]
             rows.append(row)

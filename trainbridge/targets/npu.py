@@ -1,4 +1,4 @@
-"""The npu target (Ascend, torch_npu), written against ../shared/reference/torch_npu.md.
+"""The npu target (Ascend, torch_npu), written against the documented torch_npu API (docs/npu.md).
 
 torch_npu is imported lazily: importing it without the CANN toolkit fails, and once it is
 installed `import torch` autoloads it unless TORCH_DEVICE_BACKEND_AUTOLOAD=0. Nothing here
@@ -14,7 +14,7 @@ import torch
 
 from .base import Target, TargetUnavailable
 
-# Knobs the advisor checks (torch_npu.md, "Knobs" and "Environment").
+# Knobs the advisor checks (docs/npu.md, "Knobs").
 NPU_KNOBS = (
     "TASK_QUEUE_ENABLE", "CPU_AFFINITY_CONF", "PYTORCH_NPU_ALLOC_CONF", "ASCEND_LAUNCH_BLOCKING",
     "ACLNN_CACHE_LIMIT", "HOST_CACHE_CAPACITY", "HCCL_ALGO", "ASCEND_GLOBAL_LOG_LEVEL",

@@ -1,6 +1,6 @@
 """The naive port of a GPU program, as a source transformation a person can review.
 
-What the public NPU ports did by hand (method.md, "the naive port"), done by libcst so each
+What the public NPU ports did by hand (docs/method.md), done by libcst so each
 change is a `PortChange` with its line:
 
 * device strings: "cuda" / "cuda:0" / f"cuda:{rank}" / torch.device("cuda", i) -> the target

@@ -25,4 +25,19 @@ class Declined(BaseModel):
 
 
 class Rewriter(Protocol):
+    """What the loop asks of a rewriter: a first program for a plan item, and a repaired one
+    after the loop rejected the previous attempt (`can_repair` says whether it can)."""
+
+    can_repair: bool
+
+    @property
+    def transcript(self) -> list:
+        """Exchanges with a model so far, oldest first (empty for the recipes)."""
+        ...
+
+    def transcript_json(self) -> str: ...
+
     def propose(self, item, files: dict[str, str], target: str, context: dict) -> Proposal | Declined: ...
+
+    def repair(self, item, files: dict[str, str], target: str, context: dict, previous: Proposal,
+               failure: str) -> Proposal | Declined: ...

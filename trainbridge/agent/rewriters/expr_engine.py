@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .cstutil import (positions, Edits, Ref, Scope, StatementSite, code, dead_statements, ensure_imports,
+from ...pysource.cstutil import (positions, Edits, Ref, Scope, StatementSite, code, dead_statements, ensure_imports,
                       functional_alias, insert_after_imports, iter_functions, iter_statements, assigned_names, stmt)
 from .recipe_base import Recipe, Site, shorten
 

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ...measure.acceptance import MAX_ANSWER_REPAIRS
 from .base import Declined, Proposal
 from .edits import Edit, EditError, apply_edits
 
@@ -417,8 +418,10 @@ def _fence(text: str) -> str:
 class LLMRewriter:
     """Rewriter through an OpenAI-compatible chat endpoint (see the module docstring)."""
 
+    can_repair = True
+
     def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None, *,
-                 max_repairs: int = 2, timeout_s: float = 60, max_retries: int = 4, client=None,
+                 max_repairs: int = MAX_ANSWER_REPAIRS, timeout_s: float = 60, max_retries: int = 4, client=None,
                  temperature: float | None = 0.0, max_tokens: int | None = None,
                  backoff_s: float = 1.0, max_backoff_s: float = 30.0,
                  whole_file_lines: int = 400, window_margin: int = 25, sleep=time.sleep):
@@ -865,8 +868,16 @@ class WithFallback:
         self.primary, self.fallback = primary, fallback
 
     @property
+    def can_repair(self) -> bool:
+        return bool(getattr(self.primary, "can_repair", False))
+
+    @property
     def transcript(self) -> list:
         return getattr(self.primary, "transcript", [])
+
+    def transcript_json(self) -> str:
+        fn = getattr(self.primary, "transcript_json", None)
+        return fn() if fn else "[]"
 
     def propose(self, item, files: dict[str, str], target: str, context: dict) -> Proposal | Declined:
         try:

@@ -6,6 +6,19 @@ from .base import Declined, Proposal
 
 
 class RecipeRewriter:
+    can_repair = False  # a recipe would write the same program again
+
+    @property
+    def transcript(self) -> list:
+        return []
+
+    def transcript_json(self) -> str:
+        return "[]"
+
+    def repair(self, item, files: dict[str, str], target: str, context: dict, previous: Proposal,
+               failure: str) -> Proposal | Declined:
+        return Declined(reason="a recipe cannot repair its own program")
+
     def propose(self, item, files: dict[str, str], target: str, context: dict) -> Proposal | Declined:
         from .recipe_base import off_limits
         from .recipes import RECIPES, NotApplicable

@@ -1,7 +1,7 @@
 """The offline recipe library: one mechanism per recipe, as libcst rewrites.
 
 Recipes match the *shape* of the code (expressions resolved through local assignments, see
-`cstutil.Scope`), not any program's text, so they apply to the same idiom written
+`pysource.cstutil.Scope`), not any program's text, so they apply to the same idiom written
 differently: `x.pow(2)` / `x * x` / `x ** 2` / `torch.square(x)`, `torch.rsqrt(v)` /
 `1 / torch.sqrt(v)`, `mean(-1, keepdim=True)` / `mean(dim=-1, keepdim=True)`, method or
 function, chained or split statements.

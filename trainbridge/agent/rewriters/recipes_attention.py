@@ -33,7 +33,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (positions, Ref, assigned_names, call_name, code, dim_is_last, expr, is_module_call, kwarg,
+from ...pysource.cstutil import (positions, Ref, assigned_names, call_name, code, dim_is_last, expr, is_module_call, kwarg,
                       method_receiver, num, parens, positional, self_attribute_value, strip_parens, _has_effects, walk,
                       iter_functions, iter_statements)
 from .expr_engine import Env, ExprRecipe, Match
@@ -370,7 +370,7 @@ class AttentionRecipe(ExprRecipe):
                 pos = positions(text)
             except Exception:
                 continue
-            from .cstutil import functional_alias
+            from ...pysource.cstutil import functional_alias
             for fi in iter_functions(pos.module):
                 for ss in iter_statements(fi.node, fi.qualname, fi.class_def):
                     env = Env(ss, target, functional_alias(pos.module), pos.module, rel)

@@ -29,7 +29,7 @@ import builtins
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (positions, Ref, call_name, code, dotted, ensure_imports, expr, is_module_call, kwarg,
+from ...pysource.cstutil import (positions, Ref, call_name, code, dotted, ensure_imports, expr, is_module_call, kwarg,
                       load_names, method_receiver, num, positional, strip_parens, walk,
                       iter_functions, assigned_names, Edits)
 from .expr_engine import Env, ExprRecipe, Match
@@ -50,7 +50,7 @@ _TENSOR_METHODS = {"pow", "square", "mean", "sum", "rsqrt", "sqrt", "softmax", "
                    "squeeze", "expand", "mT", "T"}
 
 
-# names of the supernode regions the evidence clusters into (method.md): always candidates
+# names of the supernode regions the evidence clusters into (docs/method.md): always candidates
 _REGION_HINTS = ("newtonschulz", "zeropower", "rotary", "rope", "norm", "mlp", "swiglu", "gelu", "softcap",
                  "attention", "attn", "polar")
 _RANDOM_CALLS = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "dropout",
@@ -344,7 +344,7 @@ _BUILTINS = set(dir(builtins))
 
 def _without(stmt_node, call):
     """The statement with `call` replaced by a placeholder (to see what else it reads)."""
-    from .cstutil import _ReplaceIds
+    from ...pysource.cstutil import _ReplaceIds
     return stmt_node.visit(_ReplaceIds({id(call): cst.Name("_tb_placeholder")}))
 
 

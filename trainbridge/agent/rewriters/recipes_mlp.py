@@ -21,7 +21,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import Ref, call_name, code, expr, is_module_call, is_true, kwarg, method_receiver, positional, strip_parens
+from ...pysource.cstutil import Ref, call_name, code, expr, is_module_call, is_true, kwarg, method_receiver, positional, strip_parens
 from .expr_engine import Env, ExprRecipe, Match
 from .recipes_norm import square_base
 
@@ -100,7 +100,7 @@ class Relu2Recipe(ExprRecipe):
         d = hit[0]
         relu_call = d.value
         # the relu's result may be read only by this square
-        from .cstutil import load_names
+        from ...pysource.cstutil import load_names
         if not (d.index < here.at) or any(load_names(scope.stmts[i])[name.value] for i in range(d.index + 1, here.at)):
             return None
         nxt = [x.index for x in scope.defs.get(name.value, []) if x.index > d.index]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (Ref, call_name, code, dim_is_last, expr, flatten_mul, is_module_call, is_true, kwarg,
+from ...pysource.cstutil import (Ref, call_name, code, dim_is_last, expr, flatten_mul, is_module_call, is_true, kwarg,
                       method_receiver, num, parens, positional, product, self_attribute_value, strip_parens,
                       load_names, _has_effects)
 from .expr_engine import Env, ExprRecipe, Match

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cstutil import positions, Edits, code, dotted, ensure_imports, expr, kwarg, module_aliases, walk
+from ...pysource.cstutil import positions, Edits, code, dotted, ensure_imports, expr, kwarg, module_aliases, walk
 from .recipe_base import NotApplicable, Recipe, Site, shorten
 
 _FUSABLE = {"Adam", "AdamW", "SGD"}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ...targets.capabilities import fast_bf16
-from .cstutil import Edits, code, dotted, kwarg, positional, positions, walk
+from ...pysource.cstutil import Edits, code, dotted, kwarg, positional, positions, walk
 from .recipe_base import NotApplicable, Recipe, Site, shorten
 
 _BF16 = ("torch.bfloat16",)

@@ -27,7 +27,7 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (positions, Edits, code, dotted, ensure_imports, expr, insert_after_imports, kwarg,
+from ...pysource.cstutil import (positions, Edits, code, dotted, ensure_imports, expr, insert_after_imports, kwarg,
                       module_aliases, positional, stmt, walk, _is_docstring, _is_future)
 from ...targets.capabilities import fast_bf16
 from .recipe_base import NotApplicable, Recipe, Site, shorten

@@ -23,7 +23,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from .cstutil import (positions, Edits, assigned_names, call_name, code, dotted, insert_after_imports,
+from ...pysource.cstutil import (positions, Edits, assigned_names, call_name, code, dotted, insert_after_imports,
                       iter_functions, load_names, stmt, target_names, walk)
 from .recipe_base import Recipe, Site, shorten
 

@@ -220,6 +220,6 @@ def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
 
 
 def _import_shim(module: cst.Module) -> cst.Module:
-    from ...agent.rewriters.cstutil import ensure_imports
+    from ...pysource.cstutil import ensure_imports
 
     return ensure_imports(module, [f"import {SHIM_MODULE}"])

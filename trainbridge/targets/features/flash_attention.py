@@ -29,7 +29,7 @@ import re
 
 import libcst as cst
 
-from ...agent.rewriters.cstutil import code, dotted, ensure_imports
+from ...pysource.cstutil import code, dotted, ensure_imports
 from ..port_source import PortTarget
 from ..shims import flash_attention as _shim
 from . import FeatureResult

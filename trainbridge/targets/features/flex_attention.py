@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ...agent.rewriters.cstutil import code, dotted, ensure_imports
+from ...pysource.cstutil import code, dotted, ensure_imports
 from ..port_source import PortTarget
 from ..shims import flex_attention as _shim
 from . import FeatureResult

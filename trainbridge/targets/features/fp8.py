@@ -82,7 +82,7 @@ def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
         tr = _Fp8(rel)
         new = MetadataWrapper(cst.parse_module(text)).visit(tr)
         if tr.uses_shim:
-            from ...agent.rewriters.cstutil import ensure_imports
+            from ...pysource.cstutil import ensure_imports
 
             new = ensure_imports(new, [f"import {SHIM_MODULE}"])
             shim = True

@@ -98,7 +98,7 @@ def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
         tr = _Shifts(rel)
         new = MetadataWrapper(cst.parse_module(text)).visit(tr)
         if tr.changes:
-            from ...agent.rewriters.cstutil import ensure_imports
+            from ...pysource.cstutil import ensure_imports
 
             new = ensure_imports(new, [f"import {SHIM_MODULE}"])
         out[rel] = new.code

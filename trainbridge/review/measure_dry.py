@@ -3,7 +3,7 @@
 A dry run (`--target npu --dry-run`) validates npu rewrites against the CPU references and
 stops there: its candidates are `validated_not_measured`. On an Ascend machine this
 command measures each of them against the program it was built on (the same interleaved
-rule as the loop), appends the measurements and decisions to the same ledger, then
+protocol and bar as the loop), appends the measurements and decisions to the same ledger, then
 measures the final program against the port. Nothing is inferred from the dry run itself.
 """
 
@@ -13,13 +13,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..agent.evaluate import interleaved_timing
-from ..agent.state import RunConfig, RunPaths, read_program
-from ..measure.statistics import compare
+from ..agent.programs import read_program
+from ..agent.state import RunConfig, RunPaths
+from ..ledger import models as ev
+from ..ledger.store import Ledger
+from ..measure.acceptance import Rule, judge, rule_of, run_bar
+from ..measure.timing import interleaved_timing
 from ..targets import get_target
 from ..workload import load_workload
-from . import models as ev
-from .store import Ledger
 
 
 def measure_dry_run(run_dir: Path, *, pairs: int = 3, console: Console | None = None) -> list[ev.CandidateDecided]:
@@ -35,6 +36,7 @@ def measure_dry_run(run_dir: Path, *, pairs: int = 3, console: Console | None = 
     pending = [e.candidate_id for e in events if isinstance(e, ev.CandidateDecided)
                and e.decision == "validated_not_measured" and e.candidate_id not in done]
     wl = load_workload(cfg.workload)
+    bar = run_bar(events, cfg.min_effect)
     decisions = []
     for cid in pending:
         inc_id = proposed[cid].incumbent
@@ -44,14 +46,16 @@ def measure_dry_run(run_dir: Path, *, pairs: int = 3, console: Console | None = 
             pairs=pairs, out_dir=paths.candidate_dir(cid) / "measured", seed=cfg.seed)
         if not inc or not cand:
             d = ev.CandidateDecided(run_id=cfg.run_id, time_utc=ev.utc_now(), candidate_id=cid, decision="rejected",
-                                    reason="timing runs failed on the target: " + "; ".join(problems))
+                                    reason="timing runs failed on the target: " + "; ".join(problems),
+                                    rule=Rule.TIMING_RUNS_FAILED.value)
         else:
-            comp = compare(inc, cand, min_effect=cfg.min_effect, confidence=cfg.confidence)
+            comp = judge(inc, cand, bar=bar, confidence=cfg.confidence)
             ledger.append(ev.CandidateMeasured(run_id=cfg.run_id, time_utc=ev.utc_now(), candidate_id=cid,
                                                incumbent_runs_ms=inc, candidate_runs_ms=cand, comparison=comp,
                                                note=f"measured after the dry run, against {inc_id}", problems=problems))
             d = ev.CandidateDecided(run_id=cfg.run_id, time_utc=ev.utc_now(), candidate_id=cid,
-                                    decision="accepted" if comp.decision == "accept" else "rejected", reason=comp.reason)
+                                    decision="accepted" if comp.decision == "accept" else "rejected", reason=comp.reason,
+                                    rule=rule_of(comp).value)
         ledger.append(d)
         decisions.append(d)
         if console:

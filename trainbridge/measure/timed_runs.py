@@ -1,0 +1,44 @@
+"""Every timed run of a candidate is checked, not only its validation run.
+
+Validation is one recognisable run; a candidate that behaves only while validated (halves
+its batch, skips the backward, when it sees it is being timed) would pass every check there.
+So each timed candidate run must show, step by step, the work the incumbent's run of the
+same round did (same steps, same work items, a backward where the incumbent had one), and
+its first losses must match the baseline's reference losses by the validation's own rule
+(both start from the same seed).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..harness.models import RunResult, StepRecord
+from .correctness import compare_losses
+
+TIMED_PHASES = ("warmup", "measured")
+
+
+def _timed_steps(r: RunResult) -> list[StepRecord]:
+    return sorted((s for s in r.steps if s.phase in TIMED_PHASES), key=lambda s: s.index)
+
+
+def timed_run_problem(candidate: RunResult, incumbent: RunResult, reference_losses: Sequence[float | None], *,
+                      loss_steps: int, rtol_fp32: float, rtol_low_precision: float, low_precision: bool) -> str | None:
+    """Why this timed candidate run cannot be believed, or None."""
+    cs, js = _timed_steps(candidate), _timed_steps(incumbent)
+    if len(cs) != len(js):
+        return f"a timed candidate run ran {len(cs)} steps, the incumbent's run of the same round {len(js)}"
+    for c, j in zip(cs, js):
+        if c.work_items != j.work_items:
+            return (f"step {c.index} of a timed candidate run saw {c.work_items} work items, the incumbent's run of "
+                    f"the same round {j.work_items}: the candidate does other work when it is timed")
+        if j.backward_calls > 0 and c.backward_calls == 0:
+            return f"step {c.index} of a timed candidate run called no backward (the incumbent's: {j.backward_calls})"
+    k = min(loss_steps, len(cs), len(reference_losses))
+    if k < 1:
+        return None
+    loss = compare_losses(reference_losses, [s.loss for s in cs], rtol_fp32=rtol_fp32,
+                          rtol_low_precision=rtol_low_precision, low_precision=low_precision, steps=k)
+    if not loss.passed:
+        return f"a timed candidate run's losses differ from the reference: {loss.reason}"
+    return None

@@ -1,0 +1,117 @@
+"""The one interleaved timing protocol: the loop, the end-to-end report, `ledger verify` and
+`ledger measure` all time programs through `interleave`.
+
+A session is a number of rounds. In each round every arm runs once, in its own process; the
+order is reversed every other round (A B, B A, A B ...) so a drift of the machine over the
+session falls on every arm alike. A round in which any run fails is dropped whole and its
+failure listed: run k of every arm then always comes from round k, which is what the paired
+interval in `measure.statistics.compare` assumes of equal-length arms. Dropping a lone run
+instead would pair run k of one arm with run k+1 of another.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, Field
+
+from ..harness.models import RunResult
+from ..harness.runner import run_workload
+
+RunArm = Callable[[], RunResult]
+"""One process of one arm: runs the arm's program once and returns the harness result."""
+
+
+class TimingSession(BaseModel):
+    """What one interleaved session measured: per arm, the step samples of each kept round."""
+
+    arms: list[str]
+    rounds_planned: int
+    runs_ms: dict[str, list[list[float]]] = Field(
+        ..., description="arm -> one list of measured step times (ms) per kept round, rounds in order")
+    orders: list[list[str]] = Field(default_factory=list, description="the order the arms ran in, per round")
+    problems: list[str] = Field(default_factory=list, description="one line per dropped round: which run failed")
+    violation: str | None = Field(None, description="a round's results failed the session's check: the session "
+                                                    "stopped there, and the runs must not be believed")
+
+    @property
+    def rounds_kept(self) -> int:
+        return len(self.runs_ms[self.arms[0]]) if self.arms else 0
+
+    def pair(self, a: str, b: str) -> tuple[list[list[float]], list[list[float]]]:
+        """Arms a and b, run k of each from round k."""
+        return self.runs_ms[a], self.runs_ms[b]
+
+
+def round_order(arms: list[str], round_index: int) -> list[str]:
+    """The arms in the order round `round_index` (0-based) runs them: as given, then reversed."""
+    return list(arms) if round_index % 2 == 0 else list(reversed(arms))
+
+
+RoundCheck = Callable[[dict[str, RunResult]], "str | None"]
+"""Looks at one complete round (arm -> result); a returned reason stops the session."""
+
+
+def interleave(arms: dict[str, RunArm], rounds: int, *, on_run: Callable[[str, int, RunResult], None] | None = None,
+               check: RoundCheck | None = None) -> TimingSession:
+    """Run every arm once per round for `rounds` rounds; a round with a failed run is dropped whole.
+
+    The rest of a failed round is not run: its results could not be used. `check` sees each
+    complete round; a reason it returns (a timed run that did other work than validation
+    saw, say) ends the session with that `violation`, and the round is not kept.
+    """
+    if not arms:
+        raise ValueError("interleave needs at least one arm")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    names = list(arms)
+    kept: dict[str, list[list[float]]] = {a: [] for a in names}
+    orders, problems, violation = [], [], None
+    for i in range(rounds):
+        order = round_order(names, i)
+        orders.append(order)
+        got: dict[str, RunResult] = {}
+        for arm in order:
+            r = arms[arm]()
+            if on_run:
+                on_run(arm, i, r)
+            if r.status != "ok":
+                problems.append(f"{arm} run {r.status} (round {i + 1} of {rounds} dropped): {(r.error or '')[:300]}")
+                break
+            got[arm] = r
+        if len(got) < len(names):
+            continue
+        if check is not None and (reason := check(got)):
+            violation = f"round {i + 1}: {reason}"
+            break
+        for arm in names:
+            kept[arm].append(list(got[arm].measured_ms))
+    return TimingSession(arms=names, rounds_planned=rounds, runs_ms=kept, orders=orders, problems=problems,
+                         violation=violation)
+
+
+def program_arm(workload, target: str, files: dict[str, str], *, out_dir: Path, label: str, seed: int,
+                **run_kwargs) -> RunArm:
+    """An arm that runs `files` as the workload's program in a fresh harness process."""
+    return lambda: run_workload(workload, target, out_dir=out_dir, label=label, sources=files, seed=seed, **run_kwargs)
+
+
+def candidate_session(workload, target: str, *, incumbent: dict[str, str], candidate: dict[str, str], pairs: int,
+                      out_dir: Path, seed: int, on_run: Callable[[str, RunResult], None] | None = None,
+                      check: RoundCheck | None = None) -> TimingSession:
+    """Incumbent against candidate, `pairs` rounds, arms named `incumbent` and `candidate`."""
+    return interleave(
+        {"incumbent": program_arm(workload, target, incumbent, out_dir=out_dir, label="incumbent", seed=seed),
+         "candidate": program_arm(workload, target, candidate, out_dir=out_dir, label="candidate", seed=seed)},
+        pairs, on_run=(lambda arm, i, r: on_run(arm, r)) if on_run else None, check=check)
+
+
+def interleaved_timing(workload, target: str, *, incumbent: dict[str, str], candidate: dict[str, str], pairs: int,
+                       out_dir: Path, seed: int, on_run: Callable[[str, RunResult], None] | None = None,
+                       ) -> tuple[list[list[float]], list[list[float]], list[str]]:
+    """Incumbent against candidate, `pairs` rounds: (incumbent runs, candidate runs, problems)."""
+    session = candidate_session(workload, target, incumbent=incumbent, candidate=candidate, pairs=pairs,
+                                out_dir=out_dir, seed=seed, on_run=on_run)
+    inc, cand = session.pair("incumbent", "candidate")
+    return inc, cand, session.problems
