@@ -244,9 +244,6 @@ class EvidenceBundle(_Model):
     def kernels_in(self, phase: str) -> list[KernelRecord]:
         return [k for k in self.kernels if k.phase == phase]
 
-    def kernels_of(self, supernode_id: str) -> list[KernelRecord]:
-        return [k for k in self.kernels if k.supernode == supernode_id]
-
 
 def write_schema(path: str | Path) -> Path:
     """Write the bundle's JSON schema (for other tools reading bundles)."""

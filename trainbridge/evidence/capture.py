@@ -34,9 +34,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..harness.plugins import HarnessPlugin
 from ..aten_ops import FUSED_ATTENTION, GRAPH_LIBRARY_CALLS
-from .bundle import Route, SourceLoc
+from ..harness.plugins import HarnessPlugin
+from .bundle import Route
 from .codeparse import parse_output_code
 from .eager import EagerStepProfiler
 from .frames import SourceFilter
@@ -658,7 +658,3 @@ def capture_step(model: torch.nn.Module, optimizers: torch.optim.Optimizer | Ite
         else:
             vars(model).pop("forward", None)
     return session.raw(eager=driver.eager)
-
-
-def _src_key(loc: SourceLoc) -> str:  # small helper shared with build
-    return f"{loc.file}:{loc.line}"

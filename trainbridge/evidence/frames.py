@@ -98,19 +98,6 @@ class SourceFilter:
             f = f.f_back
         return None
 
-    def frames_from_python_stack(self, frame) -> list[SourceLoc]:
-        """User frames of a live Python stack (innermost frame given), outermost first."""
-        out: list[SourceLoc] = []
-        f = frame
-        while f is not None:
-            fn = f.f_code.co_filename
-            rel = self.rel(fn)
-            if rel is not None:
-                out.append(SourceLoc(file=rel, line=f.f_lineno, function=f.f_code.co_name))
-            f = f.f_back
-        out.reverse()
-        return out
-
 
 _LINES_CACHE: dict[tuple[str, float], list[str]] = {}
 

@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..aten_ops import PRECISION_GEMMS, dispatcher_names
 from ..targets import TargetUnavailable, get_target
 from ..targets.base import cpu_model
 from ..targets.capabilities import cpu_signature
-from ..aten_ops import PRECISION_GEMMS, dispatcher_names
 from .handwritten_optimizers import HandwrittenOptimizerHooks
 from .models import Environment, OpCount, RunRequest, RunResult, StepRecord
 from .plugins import HarnessPlugin, load_plugin

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -294,7 +293,3 @@ def run_workload(
         env=run_env,
         on_step=on_step,
     )
-
-
-def clean_programs(out_dir: str | Path) -> None:
-    shutil.rmtree(Path(out_dir) / "programs", ignore_errors=True)

@@ -463,9 +463,6 @@ class LLMRewriter:
     def transcript_json(self) -> str:
         return self._redact(json.dumps([x.model_dump() for x in self.transcript], indent=1))
 
-    def save_transcript(self, path: str | Path) -> None:
-        Path(path).write_text(self.transcript_json())
-
     # ------------------------------------------------------------- public ----
     def propose(self, item, files: dict[str, str], target: str, context: dict) -> Proposal | Declined:
         context = context or {}

@@ -205,7 +205,3 @@ def _outside_protected(sites: list[Site], files: dict[str, str], protected: list
         if not hit:
             out.append(s)
     return out
-
-
-def sites_at(sites: list[Site]) -> set[tuple[str, int]]:
-    return {(s.qualname, s.line) for s in sites}
