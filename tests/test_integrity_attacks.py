@@ -1,4 +1,4 @@
-"""Each defence of measurement_integrity.md, tried with the attack it stops.
+"""Each defence of docs/measurement_integrity.md, tried with the attack it stops.
 
 Candidates are written as edits of the ported minigpt fixture and go through the same
 `validate` the loop uses; every one of them must come back rejected, at the stage named.
