@@ -81,6 +81,7 @@ def _check(dtype, q, k, v, cu_q, cu_k, *, scale, causal, window, path="auto", mo
     if path != "auto":
         assert bool(dense_calls) == (path == "dense")
     assert isinstance(out, torch.Tensor) and out.dtype == dtype and out.shape == (q.size(0), q.size(1), v.size(-1))
+    assert out.is_contiguous(), "FA3 returns a contiguous (total, heads, dim): record 85 `.view()`s it"
     leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
     ref, _ = _reference(*leaves64, cu_q, cu_k, scale, causal, *window)
     atol, rtol = TOL[dtype]

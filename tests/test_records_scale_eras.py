@@ -549,3 +549,18 @@ def test_a_kernel_files_asserted_head_size_is_kept():
     assert any("dc_triton_kernels.py line 6: `D == 128`" in n for n in r.notes), r.notes
     asked = scale_record(six_heads, {"head_dim": 64}, companions={"dc_triton_kernels.py": DC_KERNELS})
     assert any("written for head size 128" in p for p in asked.problems), asked.problems
+
+
+def test_a_kept_wide_model_shrinks_its_bigram_table():
+    six_heads = SCHEDULES.replace('        self.hdim = num_heads * head_dim\n',
+                                  '        assert num_heads == 6\n        self.hdim = num_heads * head_dim\n')
+    with_table = six_heads.replace("    val_tokens: int = 10485760\n",
+                                   "    val_tokens: int = 10485760\n    bigram_vocab_size: int = 50304 * 15 // 2\n")
+    narrow = scale_record(with_table)
+    assert narrow.config["width"] <= 256 and narrow.hyperparameters["bigram_vocab_size"] == CPU_DEFAULTS["bigram_vocab"]
+    wide = scale_record(with_table, companions={"dc_triton_kernels.py": DC_KERNELS})
+    rows = wide.hyperparameters["bigram_vocab_size"]
+    assert wide.config["width"] == 768 and rows == 16768 and rows % 128 == 0, rows  # 50304 * 256 / 768, in 128s
+    assert any(n.startswith("bigram_vocab_size 16768") for n in wide.notes), wide.notes
+    asked = scale_record(with_table, {"bigram_vocab": 4096}, companions={"dc_triton_kernels.py": DC_KERNELS})
+    assert asked.hyperparameters["bigram_vocab_size"] == 4096

@@ -260,6 +260,15 @@ def plan(tree: ast.Module, source: str, sites: list[Site], knobs: dict[str, obje
         if head_dim % 4:
             p.problems.append(f"head_dim {head_dim}: the rotary embedding splits it in quarters")
 
+    # A width kept above the CPU target (a kernel's asserted head size) would make the bigram
+    # table (rows x width) the largest tensor of the model: its rows shrink with the width.
+    if width and width > WIDTH_TARGET and k.get("bigram_vocab") and "bigram_vocab" not in explicit \
+            and any(s.name == "bigram_vocab_size" for s in sites):
+        rows = max(128, int(k["bigram_vocab"] * WIDTH_TARGET / width) // 128 * 128)
+        k = {**k, "bigram_vocab": rows}
+        p.notes.append(f"bigram_vocab_size {rows}: the table keeps the parameters it has at width {WIDTH_TARGET} "
+                       f"(width {width} kept)")
+
     # -- tokens
     seq, batch = int(k.get("seq") or 1024), int(k.get("batch") or 1)
     has_ga = any(s.name == "grad_accum_steps" and s.kind == "module" for s in sites)

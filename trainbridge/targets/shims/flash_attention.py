@@ -115,7 +115,10 @@ def _documents(cu_q: list[int], cu_k: list[int]) -> list[tuple[int, int, int, in
 
 
 def _assemble(pieces: list[tuple[int, torch.Tensor]], total: int, dim: int, fill: float = 0.0) -> torch.Tensor:
-    """Concatenate (start, piece) along `dim`, `fill` in the gaps, `total` long (pieces non-empty)."""
+    """Concatenate (start, piece) along `dim`, `fill` in the gaps, `total` long (pieces non-empty).
+
+    Contiguous, as FlashAttention's own outputs are: callers `.view()` them (record 85 does).
+    """
     out, at = [], 0
     template = pieces[0][1]
     for start, piece in pieces + [(total, None)]:
@@ -126,7 +129,7 @@ def _assemble(pieces: list[tuple[int, torch.Tensor]], total: int, dim: int, fill
         if piece is not None:
             out.append(piece)
             at = start + piece.shape[dim]
-    return out[0] if len(out) == 1 else torch.cat(out, dim=dim)
+    return out[0].contiguous() if len(out) == 1 else torch.cat(out, dim=dim)
 
 
 def _per_document(q, k, v, docs, scale, left, right, want_lse):
