@@ -26,6 +26,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 from pydantic import BaseModel
 
+from ..pysource.cstutil import call_name, code, target_names
 from ..workload import ProtectedRegion
 
 Severity = Literal["error", "warning"]
@@ -138,10 +139,6 @@ RULES: dict[str, Rule] = {r.id: r for r in [
 ]}
 
 
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node).strip()
-
-
 def _norm(text: str) -> str:
     """Formatting-, comment- and parenthesis-independent form of a statement or expression."""
     try:
@@ -168,25 +165,6 @@ def _dotted(node) -> str | None:
     return None
 
 
-def _call_name(node: cst.Call) -> str | None:
-    f = node.func
-    if isinstance(f, cst.Attribute):
-        return f.attr.value
-    if isinstance(f, cst.Name):
-        return f.value
-    return None
-
-
-def _target_names(t) -> list[str]:
-    if isinstance(t, cst.Name):
-        return [t.value]
-    if isinstance(t, (cst.Tuple, cst.List)):
-        return [n for el in t.elements for n in _target_names(el.value)]
-    if isinstance(t, cst.StarredElement):
-        return _target_names(t.value)
-    return []
-
-
 # -------------------------------------------------------------------- facts ----
 
 class _Call:
@@ -201,7 +179,7 @@ class _Call:
     @property
     def text(self) -> str:
         if self._text is None:
-            self._text = _norm(_code(self.node))
+            self._text = _norm(code(self.node))
         return self._text
 
 
@@ -223,7 +201,7 @@ class _Binding(tuple):
     @property
     def text(self) -> str:
         if self._t is None:
-            self._t = _norm(_code(tuple.__getitem__(self, 0)))
+            self._t = _norm(code(tuple.__getitem__(self, 0)))
         return self._t
 
 
@@ -320,17 +298,17 @@ class _Collector(cst.CSTVisitor):
     def visit_ClassDef(self, node):
         self._scope.append(node.name.value)
         self._classes.append(node.name.value)
-        self.f.symbols.setdefault(self.scope, []).append((_code(node), self._line(node)))
+        self.f.symbols.setdefault(self.scope, []).append((code(node), self._line(node)))
         fields_ = set()
         if isinstance(node.body, cst.IndentedBlock):
             for s in node.body.body:
                 if isinstance(s, cst.SimpleStatementLine):
                     for small in s.body:
                         if isinstance(small, cst.AnnAssign):
-                            fields_.update(_target_names(small.target))
+                            fields_.update(target_names(small.target))
                         elif isinstance(small, cst.Assign):
                             for t in small.targets:
-                                fields_.update(_target_names(t.target))
+                                fields_.update(target_names(t.target))
         self.f.class_fields[self.scope] = fields_
         if self._fn_depth == 0 and len(self._scope) == 1:
             self._bind(node.name.value, node.name)
@@ -344,7 +322,7 @@ class _Collector(cst.CSTVisitor):
             self._bind(node.name.value, node.name)
         self._scope.append(node.name.value)
         self._fn_depth += 1
-        self.f.symbols.setdefault(self.scope, []).append((_code(node), self._line(node)))
+        self.f.symbols.setdefault(self.scope, []).append((code(node), self._line(node)))
 
     def leave_FunctionDef(self, node):
         self._scope.pop()
@@ -353,32 +331,32 @@ class _Collector(cst.CSTVisitor):
     # -- bindings ------------------------------------------------------------------
     def visit_Assign(self, node):
         for t in node.targets:
-            for name in _target_names(t.target):
+            for name in target_names(t.target):
                 self._bind(name, node)
             self._attr_target(t.target, node)
             self._env_target(t.target, node)
 
     def visit_AugAssign(self, node):
-        for name in _target_names(node.target):
+        for name in target_names(node.target):
             self._bind(name, node)
         self._attr_target(node.target, node)
 
     def visit_AnnAssign(self, node):
         if self._scope and self._scope[-1] in self._classes and self._fn_depth == 0:
             return  # a class field is part of its class's symbol text
-        for name in _target_names(node.target):
+        for name in target_names(node.target):
             self._bind(name, node)
         self._attr_target(node.target, node)
 
     def visit_NamedExpr(self, node):
-        for name in _target_names(node.target):
+        for name in target_names(node.target):
             self._bind(name, node)
 
     def visit_For(self, node):
-        for name in _target_names(node.target):
+        for name in target_names(node.target):
             self._bind(name, node.target)
         it = node.iter
-        text = _code(it)
+        text = code(it)
         if _mentions_container(text, self.f.containers | LAYER_CONTAINERS):
             key = (self.scope, _norm(text))
             self.f.layer_loops[key] += 1
@@ -398,7 +376,7 @@ class _Collector(cst.CSTVisitor):
     def visit_While(self, node):
         if self._trains(node.body):
             self._step_loops += 1
-            self.f.step_loop_headers[(self.scope, _norm(_code(node.test)))] += 1
+            self.f.step_loop_headers[(self.scope, _norm(code(node.test)))] += 1
 
     def leave_While(self, node):
         if self._trains(node.body):
@@ -406,7 +384,7 @@ class _Collector(cst.CSTVisitor):
 
     def visit_WithItem(self, node):
         if node.asname is not None:
-            for name in _target_names(node.asname.name):
+            for name in target_names(node.asname.name):
                 self._bind(name, node)
 
     def visit_Global(self, node):
@@ -414,27 +392,27 @@ class _Collector(cst.CSTVisitor):
             self._bind(n.name.value, node)
 
     def visit_Del(self, node):
-        for name in _target_names(node.target):
+        for name in target_names(node.target):
             self._bind(name, node)
         self._attr_target(node.target, node)
 
     def visit_Import(self, node):
         for a in node.names:
-            full = _code(a.name)
-            bound = _code(a.asname.name) if a.asname else full.split(".")[0]
+            full = code(a.name)
+            bound = code(a.asname.name) if a.asname else full.split(".")[0]
             self.f.imports.add(full)
             self.f.import_lines.setdefault(full, self._line(node))
             self.f.import_aliases[bound] = full if a.asname else full.split(".")[0]
             self._bind(bound, node)
 
     def visit_ImportFrom(self, node):
-        mod = _code(node.module) if node.module else ""
+        mod = code(node.module) if node.module else ""
         if isinstance(node.names, cst.ImportStar):
             self.f.imports.add(mod)
             return
         for a in node.names:
-            name = _code(a.name)
-            bound = _code(a.asname.name) if a.asname else name
+            name = code(a.name)
+            bound = code(a.asname.name) if a.asname else name
             self.f.imports.add(f"{mod}.{name}")
             self.f.import_lines.setdefault(f"{mod}.{name}", self._line(node))
             self.f.import_aliases[bound] = f"{mod}.{name}"
@@ -446,10 +424,10 @@ class _Collector(cst.CSTVisitor):
                 self._attr_target(el.value, node)
             return
         if isinstance(target, cst.Attribute):
-            d = _dotted(target) or _code(target)
+            d = _dotted(target) or code(target)
             self.f.attr_assigns.append((d, target.attr.value, self._line(node)))
             value = getattr(node, "value", None)
-            if isinstance(value, cst.Call) and _call_name(value) in LAYER_CONSTRUCTORS:
+            if isinstance(value, cst.Call) and call_name(value) in LAYER_CONSTRUCTORS:
                 self.f.containers.add(target.attr.value)
 
     def _env_target(self, target, node):
@@ -462,7 +440,7 @@ class _Collector(cst.CSTVisitor):
 
     # -- calls -----------------------------------------------------------------------
     def visit_Call(self, node):
-        name = _call_name(node)
+        name = call_name(node)
         if not name:
             return
         d = _dotted(node.func) or name
@@ -474,7 +452,7 @@ class _Collector(cst.CSTVisitor):
             if node.args and isinstance(node.args[0].value, cst.SimpleString):
                 self.f.env_writes.append((node.args[0].value.evaluated_value, self._line(node)))
         if name == "setattr" and node.args:
-            self.f.attr_assigns.append((f"setattr({_code(node.args[0].value)})", _setattr_field(node), self._line(node)))
+            self.f.attr_assigns.append((f"setattr({code(node.args[0].value)})", _setattr_field(node), self._line(node)))
         if name == "detach" and self._in_forward():
             self.f.forward_detach[self.scope] += 1
 
@@ -487,7 +465,7 @@ class _Collector(cst.CSTVisitor):
         v = node.value
         attr = v.attr.value if isinstance(v, cst.Attribute) else v.value if isinstance(v, cst.Name) else None
         if attr in (self.f.containers | LAYER_CONTAINERS) and any(isinstance(e.slice, cst.Slice) for e in node.slice):
-            key = (self.scope, _norm(_code(node)))
+            key = (self.scope, _norm(code(node)))
             self.f.layer_slices[key] += 1
             self.f.slice_lines.setdefault(key, self._line(node))
 
@@ -496,14 +474,14 @@ class _Collector(cst.CSTVisitor):
         for h in node.handlers:
             body = h.body.body if isinstance(h.body, cst.IndentedBlock) else []
             reraise = len(body) == 1 and m.matches(body[0], m.SimpleStatementLine(body=[m.Raise(exc=None)]))
-            key = (self.scope, _norm(_code(h)), reraise)
+            key = (self.scope, _norm(code(h)), reraise)
             self.f.handlers[key] += 1
             self.f.handler_lines.setdefault(key, self._line(h))
 
     def visit_With(self, node):
         for item in node.items:
-            if isinstance(item.item, cst.Call) and _call_name(item.item) == "suppress":
-                key = (self.scope, _norm(_code(item.item)), False)
+            if isinstance(item.item, cst.Call) and call_name(item.item) == "suppress":
+                key = (self.scope, _norm(code(item.item)), False)
                 self.f.handlers[key] += 1
                 self.f.handler_lines.setdefault(key, self._line(node))
 
@@ -527,7 +505,7 @@ class _Collector(cst.CSTVisitor):
 
     def visit_Raise(self, node):
         if node.exc is not None:
-            t = _code(node.exc)
+            t = code(node.exc)
             for exc in ("SystemExit", "KeyboardInterrupt", "GeneratorExit"):
                 if t.startswith(exc):
                     self.f.raises_exit[exc] += 1
@@ -545,7 +523,7 @@ def _setattr_field(node: cst.Call) -> str:
 
 
 def _loss_sig(node: cst.Call, name: str) -> tuple:
-    kws = {a.keyword.value: _norm(_code(a.value)) for a in node.args if a.keyword is not None}
+    kws = {a.keyword.value: _norm(code(a.value)) for a in node.args if a.keyword is not None}
     sig = [LOSS_EQUIVALENT.get(name, name)]
     for k, default in LOSS_DEFAULTS.items():
         sig.append((k, kws.get(k, _norm(default))))

@@ -39,6 +39,8 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 from pydantic import BaseModel, Field
 
+from ..pysource.cstutil import code, dotted
+
 PortTarget = Literal["cpu", "cuda", "npu"]
 
 ChangeKind = Literal["device", "cuda_api", "memory_stat", "backend", "pin_memory", "compile_removed",
@@ -116,19 +118,6 @@ class PortResult(BaseModel):
         return {c.kind for c in self.changes}
 
 
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node).strip()
-
-
-def _dotted(node) -> str | None:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        head = _dotted(node.value)
-        return f"{head}.{node.attr.value}" if head else None
-    return None
-
-
 def _string_value(node) -> str | None:
     if isinstance(node, cst.SimpleString):
         try:
@@ -152,7 +141,7 @@ def _is_autocast(call: cst.Call) -> bool:
 
 def _runs_nvidia_smi(call: cst.Call) -> bool:
     """`subprocess.run(["nvidia-smi"], ...)`: the GPU report programs print at start."""
-    if _dotted(call.func) not in ("subprocess.run",) or not call.args:
+    if dotted(call.func) not in ("subprocess.run",) or not call.args:
         return False
     first = call.args[0].value
     return isinstance(first, cst.List) and bool(first.elements) and \
@@ -178,16 +167,16 @@ def _compiler_aliases(module: cst.Module) -> set[str]:
         for small in node.body:
             if isinstance(small, cst.Import):
                 for a in small.names:
-                    full = _code(a.name)
+                    full = code(a.name)
                     if full.startswith(_COMPILER_MODULES) and a.asname is not None:
-                        names.add(_code(a.asname.name))
+                        names.add(code(a.asname.name))
             elif isinstance(small, cst.ImportFrom) and small.module is not None \
                     and not isinstance(small.names, cst.ImportStar):
-                mod = _code(small.module)
+                mod = code(small.module)
                 for a in small.names:
-                    full = f"{mod}.{_code(a.name)}"
+                    full = f"{mod}.{code(a.name)}"
                     if full.startswith(_COMPILER_MODULES):
-                        names.add(_code(a.asname.name) if a.asname else _code(a.name))
+                        names.add(code(a.asname.name) if a.asname else code(a.name))
     return names
 
 
@@ -215,9 +204,9 @@ class _Porter(cst.CSTTransformer):
     def leave_Assert(self, original: cst.Assert, updated: cst.Assert):
         # `assert torch.cuda.is_available()` states "this program needs a GPU": on the cpu
         # target the port answers that by running on the CPU, so the assert goes.
-        if self.target == "cpu" and "torch.cuda.is_available" in _code(original.test):
+        if self.target == "cpu" and "torch.cuda.is_available" in code(original.test):
             self._forget_inside(original)
-            self._note(original, "assert_dropped", _code(original), "(removed)",
+            self._note(original, "assert_dropped", code(original), "(removed)",
                        "the program asserts a GPU; the cpu port runs without one")
             return cst.RemoveFromParent()
         return updated
@@ -227,9 +216,9 @@ class _Porter(cst.CSTTransformer):
         # on another target they would switch off the kernels it has, so they go.
         call = original.value
         if isinstance(call, cst.Call):
-            name = _dotted(call.func) or ""
+            name = dotted(call.func) or ""
             if re.fullmatch(r"(torch\.backends\.cuda\.)?enable_\w+_sdp", name):
-                self._note(original, "cuda_api", _code(original), "(removed)",
+                self._note(original, "cuda_api", code(original), "(removed)",
                            "CUDA attention-kernel choice: the target picks among its own kernels")
                 return cst.RemoveFromParent()
         return updated
@@ -237,12 +226,12 @@ class _Porter(cst.CSTTransformer):
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
         # torch._inductor / torch._dynamo settings only tune torch.compile, which the naive
         # port removes: they go with it.
-        targets = [_dotted(t.target) or "" for t in original.targets]
+        targets = [dotted(t.target) or "" for t in original.targets]
         # an alias (`config.x = ...` after `import torch._inductor.config as config`) counts only
         # outside functions, where a parameter of the same name cannot shadow it
         by_alias = self._function_depth == 0 and any(t.split(".")[0] in self._compiler_names for t in targets)
         if (by_alias or any(t.startswith(_COMPILER_MODULES) for t in targets)) and all("." in t for t in targets):
-            self._note(original, "compiler_config", _code(original), "(removed)",
+            self._note(original, "compiler_config", code(original), "(removed)",
                        "compiler setting of torch.compile, which the naive port removes")
             return cst.RemoveFromParent()
         return updated
@@ -264,7 +253,7 @@ class _Porter(cst.CSTTransformer):
 
     def _forget_inside(self, node) -> None:
         """Drop the notes of edits inside `node`, which is replaced as a whole."""
-        line, text = self._line(node), _code(node)
+        line, text = self._line(node), code(node)
         self.changes = [c for c in self.changes if not (c.line == line and c.before in text)]
 
     def _gpu_only(self, node, what: str, note: str):
@@ -278,23 +267,23 @@ class _Porter(cst.CSTTransformer):
         for i, a in enumerate(node.args):
             if (a.keyword and a.keyword.value == "device_type") or (i == 0 and a.keyword is None):
                 dev_arg = a.value
-        implied_cuda = _dotted(node.func) in ("torch.cuda.amp.autocast",)
+        implied_cuda = dotted(node.func) in ("torch.cuda.amp.autocast",)
         dev = _string_value(dev_arg) if dev_arg is not None else None
         if not (implied_cuda or (dev is not None and _CUDA_STR.match(dev))):
             return
         if self.target == "cpu" and self.keep_autocast and dev_arg is not None:
-            self._note(node, "precision", _code(dev_arg), '"cpu"',
+            self._note(node, "precision", code(dev_arg), '"cpu"',
                        "autocast kept, pointed at the cpu: the program relies on it to reconcile bf16 and fp32 "
                        "tensors (the workload's [port] autocast = \"keep\")")
         elif self.target == "cpu":
             if dev_arg is not None:
                 self._keep_strings.add(id(dev_arg))
-            self._note(node, "precision_lost", _code(node), _code(node),
+            self._note(node, "precision_lost", code(node), code(node),
                        "autocast for cuda does nothing on CPU tensors: the port runs fp32 where the GPU ran 16-bit "
                        "math (left as the naive port leaves it; the autocast_reapply recipe repairs it)",
                        semantic=True)
         elif self.target == "npu" and dev_arg is not None:
-            self._note(node, "device", _code(dev_arg), '"npu"',
+            self._note(node, "device", code(dev_arg), '"npu"',
                        "autocast device_type mapped to npu, as transfer_to_npu does at run time (16-bit math kept)")
 
     # ------------------------------------------------------------------ calls ----
@@ -309,21 +298,21 @@ class _Porter(cst.CSTTransformer):
             new = cst.parse_expression(
                 f'subprocess.CompletedProcess(args=["nvidia-smi"], returncode=0, '
                 f'stdout="nvidia-smi: no NVIDIA GPU on the {self.target} target (see {tool})\\n", stderr="")')
-            self._note(original, "cuda_api", _code(original), _code(new),
+            self._note(original, "cuda_api", code(original), code(new),
                        "GPU hardware report: the port answers it without starting nvidia-smi")
             return new
         member = _torch_cuda_member(func)
         if member is not None and self.target == "cpu":
             if member == "is_available":
-                self._note(original, "cuda_api", _code(original), "False",
+                self._note(original, "cuda_api", code(original), "False",
                            "cpu target: no accelerator, whatever the machine has")
                 return cst.Name("False")
             if member in _MEMORY_STATS:
-                self._note(original, "memory_stat", _code(original), "0",
+                self._note(original, "memory_stat", code(original), "0",
                            "no device allocator on cpu; the harness reports peak RSS")
                 return cst.Integer("0")
             if member in _NOOPS_ON_CPU:
-                self._note(original, "cuda_api", _code(original), "None", "allocator cache/statistics reset: no-op on cpu")
+                self._note(original, "cuda_api", code(original), "None", "allocator cache/statistics reset: no-op on cpu")
                 return cst.Name("None")
             if member in _CPU_EQUIV:
                 new = updated.with_changes(func=cst.Attribute(
@@ -332,30 +321,30 @@ class _Porter(cst.CSTTransformer):
                 if member in ("Event", "Stream") and updated.args:
                     new = new.with_changes(args=[])
                     note = "torch.cpu events/streams take no arguments (and cpu events have no elapsed_time)"
-                self._note(original, "cuda_api", _code(original), _code(new), note)
+                self._note(original, "cuda_api", code(original), code(new), note)
                 return new
         # x.cuda(...) -> x.to("<target>", ...)
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and not m.matches(func.value, m.Name("torch")):
-            kept = [_code(a) for a in updated.args if a.keyword is not None and a.keyword.value != "device"]
+            kept = [code(a) for a in updated.args if a.keyword is not None and a.keyword.value != "device"]
             dev = '"' + self.target + '"'
-            new = cst.parse_expression(f"{_code(updated.func.value)}.to({', '.join([dev, *kept])})")
-            self._note(original, "device", _code(original), _code(new))
+            new = cst.parse_expression(f"{code(updated.func.value)}.to({', '.join([dev, *kept])})")
+            self._note(original, "device", code(original), code(new))
             return new
         # x.pin_memory() -> x
         if isinstance(func, cst.Attribute) and func.attr.value == "pin_memory" and not original.args:
-            self._note(original, "pin_memory", _code(original), _code(updated.func.value),
+            self._note(original, "pin_memory", code(original), code(updated.func.value),
                        "pinned host memory dropped (the public ports dropped it)")
             return updated.func.value
         # torch.device("cuda", i)
         if m.matches(func, m.Attribute(value=m.Name("torch"), attr=m.Name("device"))) and len(original.args) == 2 and \
                 _string_value(original.args[0].value) == "cuda" and self.target == "cpu":
             new = updated.with_changes(args=[cst.Arg(cst.SimpleString('"cpu"'))])
-            self._note(original, "device", _code(original), _code(new), "device index dropped: one device per process")
+            self._note(original, "device", code(original), code(new), "device index dropped: one device per process")
             return new
         # torch.compile(model, ...) -> model
         if m.matches(func, m.Attribute(value=m.Name("torch"), attr=m.Name("compile"))) and updated.args \
                 and updated.args[0].keyword is None:
-            self._note(original, "compile_removed", _code(original), _code(updated.args[0].value),
+            self._note(original, "compile_removed", code(original), code(updated.args[0].value),
                        "the naive port runs eager (all torch.compile removed)")
             return updated.args[0].value
         return updated
@@ -395,12 +384,12 @@ class _Porter(cst.CSTTransformer):
         if self.target == "cpu":
             q = original.end
             new = cst.SimpleString(f"{q}cpu{q}")
-            self._note(original, "device", _code(original), new.value,
+            self._note(original, "device", code(original), new.value,
                        "per-rank device index dropped: one device per process on cpu")
             return new
         new = updated.with_changes(parts=[first.with_changes(value="npu:" + first.value[len("cuda:"):]),
                                           *updated.parts[1:]])
-        self._note(original, "device", _code(original), _code(new))
+        self._note(original, "device", code(original), code(new))
         return new
 
     # --------------------------------------------------------- torch.cuda (npu) ----
@@ -410,25 +399,25 @@ class _Porter(cst.CSTTransformer):
             # the SM count sizes Triton grids and persistent kernels, which the port replaces
             new = cst.parse_expression("torch.get_num_threads()")
             self._forget_inside(original)
-            self._note(original, "cuda_api", _code(original), _code(new),
+            self._note(original, "cuda_api", code(original), code(new),
                        "SM-count query: the target has no streaming multiprocessors; its thread count stands in")
             return new
         if name == "_orig_mod":
             # `model._orig_mod` is the module torch.compile wrapped; the port runs eager, so the
             # module it names is the model itself (records 84+: `quantize_weights_fp8(model._orig_mod)`)
             self._forget_inside(original)
-            self._note(original, "compile_removed", _code(original), _code(updated.value),
+            self._note(original, "compile_removed", code(original), code(updated.value),
                        "torch.compile is removed, so the compiled module's original is the module itself")
             return updated.value
         if name in _GPU_ONLY_ATTRS:
-            self._gpu_only(original, _code(original), _GPU_ONLY_ATTRS[name])
+            self._gpu_only(original, code(original), _GPU_ONLY_ATTRS[name])
         elif name == "elapsed_time" and self.target == "cpu":
-            self._gpu_only(original, _code(original), "device-event timing: cpu events have no elapsed_time "
+            self._gpu_only(original, code(original), "device-event timing: cpu events have no elapsed_time "
                                                       "(time the host with time.perf_counter instead)")
         elif name.startswith("float8_"):
-            self._gpu_only(original, _code(original), "FP8 dtype: no FP8 on this target (the public ports used bf16)")
+            self._gpu_only(original, code(original), "FP8 dtype: no FP8 on this target (the public ports used bf16)")
         elif name in _GPU_ONLY_NAMES:
-            self._gpu_only(original, _code(original), _GPU_ONLY_NAMES[name])
+            self._gpu_only(original, code(original), _GPU_ONLY_NAMES[name])
         if self.target == "npu" and m.matches(original, m.Attribute(value=m.Name("torch"), attr=m.Name("cuda"))):
             return updated.with_changes(attr=cst.Name("npu"))
         return updated
@@ -442,28 +431,28 @@ class _Porter(cst.CSTTransformer):
     def leave_Decorator(self, original: cst.Decorator, updated: cst.Decorator):
         d = original.decorator
         target = d.func if isinstance(d, cst.Call) else d
-        dn = _dotted(target) or ""
+        dn = dotted(target) or ""
         if dn == "torch.compile":
-            self._note(original, "compile_removed", "@" + _code(d), "(removed)", "the naive port runs eager")
+            self._note(original, "compile_removed", "@" + code(d), "(removed)", "the naive port runs eager")
             return cst.RemoveFromParent()
         if dn.startswith("triton."):
-            self._gpu_only(original, "@" + _code(d), _GPU_ONLY_MODULES["triton"])
+            self._gpu_only(original, "@" + code(d), _GPU_ONLY_MODULES["triton"])
         return updated
 
     # ---------------------------------------------------------------- imports ----
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
-            root = _code(alias.name).split(".")[0]
+            root = code(alias.name).split(".")[0]
             if root in _GPU_ONLY_MODULES:
-                self._gpu_only(node, _code(node), _GPU_ONLY_MODULES[root])
+                self._gpu_only(node, code(node), _GPU_ONLY_MODULES[root])
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        mod = _code(node.module) if node.module else ""
+        mod = code(node.module) if node.module else ""
         root = mod.split(".")[0]
         if root in _GPU_ONLY_MODULES:
-            self._gpu_only(node, _code(node), _GPU_ONLY_MODULES[root])
+            self._gpu_only(node, code(node), _GPU_ONLY_MODULES[root])
         elif "flex_attention" in mod:
-            self._gpu_only(node, _code(node), _GPU_ONLY_NAMES["flex_attention"])
+            self._gpu_only(node, code(node), _GPU_ONLY_NAMES["flex_attention"])
         return False  # the imported names are reported once, at the import statement
 
     def visit_ImportAlias(self, node):
@@ -486,7 +475,7 @@ class _AddTorchNpuImport(cst.CSTTransformer):
                 break
         else:
             for i, s in enumerate(body):
-                if m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and "torch" in _code(s):
+                if m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and "torch" in code(s):
                     body.insert(i, cst.parse_statement("import torch_npu  # noqa: F401  (registers the npu device)\n"))
                     self.done = True
                     break
