@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainbridge.agent.evaluate import reference_run, validate
-from trainbridge.measure.timing import interleaved_timing
+from trainbridge.measure.timing import candidate_session
 from trainbridge.harness.runner import port_sources
 from trainbridge.measure.statistics import compare
 from trainbridge.workload import load_workload
@@ -122,8 +122,9 @@ def test_non_editable_file_is_refused(setup):
 
 def test_same_program_against_itself_is_not_accepted(setup):
     wl, port, _, out = setup
-    inc, cand, problems = interleaved_timing(wl, "cpu", incumbent=port, candidate=port, pairs=3, out_dir=out, seed=1337)
-    assert not problems and len(inc) == len(cand) == 3
+    session = candidate_session(wl, "cpu", incumbent=port, candidate=port, pairs=3, out_dir=out, seed=1337)
+    inc, cand = session.pair("incumbent", "candidate")
+    assert not session.problems and len(inc) == len(cand) == 3
     comp = compare(inc, cand, min_effect=0.02, confidence=0.95)
     assert comp.decision == "reject", comp.reason
     assert comp.ci_low <= 1.02
@@ -196,9 +197,9 @@ def test_a_failed_timing_run_drops_its_whole_pair(setup):
     # surviving run of a broken pair would be paired with a run of another pair.
     wl, port, _, out = setup
     broken = _edit(port, "def main():\n", "def main():\n    raise RuntimeError('deliberate')\n")
-    inc, cand, problems = interleaved_timing(wl, "cpu", incumbent=port, candidate=broken, pairs=2, out_dir=out,
-                                             seed=1337)
-    assert inc == [] and cand == [] and len(problems) == 2 and all("dropped" in p for p in problems)
+    session = candidate_session(wl, "cpu", incumbent=port, candidate=broken, pairs=2, out_dir=out, seed=1337)
+    inc, cand = session.pair("incumbent", "candidate")
+    assert inc == [] and cand == [] and len(session.problems) == 2 and all("dropped" in p for p in session.problems)
 
 
 def _timed_check(ref, wl):

@@ -13,10 +13,11 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from .targets import TargetUnavailable
+from .targets import TARGET_NAMES, TargetUnavailable
 from .workload import ManifestError, load_workload
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -30,7 +31,7 @@ def _root() -> None:
     """TrainBridge: GPU compilation evidence -> measured, verified rewrites on cpu / cuda / npu."""
 
 
-TargetOpt = typer.Option("cpu", "--target", "-t", help="cpu | cuda | npu")
+TargetOpt = typer.Option("cpu", "--target", "-t", help=" | ".join(TARGET_NAMES))
 
 
 def user_errors(fn):
@@ -41,7 +42,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except (ManifestError, TargetUnavailable, FileNotFoundError, ValueError) as e:
-            err_console.print(f"[red]error:[/red] {e}")
+            err_console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
@@ -64,17 +65,35 @@ def step_progress(total: int, description: str):
 @app.command()
 @user_errors
 def profile(
-    workload: Path = typer.Argument(..., help="workload folder (with trainbridge.toml)"),
+    path: Path = typer.Argument(..., metavar="DIR", help="a workload folder (with trainbridge.toml) to run and profile, "
+                                                        "or a torch_npu profiler folder to analyse: *_ascend_pt, its "
+                                                        "ASCEND_PROFILER_OUTPUT, or a parent of one or more (one per rank)"),
     target: str = TargetOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default runs/profile-<name>-<target>)"),
     measured: Optional[int] = typer.Option(None, help="measured steps (default: the manifest's)"),
     profile_steps: int = typer.Option(3, help="steps under torch.profiler, after the measured ones"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="profiler folder: write the AscendProfileReport as "
+                                                               "JSON here (a JSON list of them for several ranks)"),
+    top: int = typer.Option(10, "--top", help="profiler folder: findings to print (--json keeps them all)"),
 ) -> None:
-    """Baseline profile: step-time distribution, top operators, fragmentation, verdict."""
+    """Baseline profile of a workload, or the analysis of an Ascend profile you already have.
+
+    `profile W --target cpu` runs workload W: step times, top operators, verdict; writes profile.json.
+
+    `profile DIR` reads a torch_npu profiler folder (no run): verdict, step breakdown, findings, suggestions.
+    """
+    if not _is_workload(path):
+        if out is not None or measured is not None:
+            raise ValueError(f"{path}: not a workload (no trainbridge.toml); --out and --measured are for profiling "
+                             "a workload (use --json FILE to keep the analysis of a profiler folder)")
+        _analyse_profile_folder(path, json_out, top)
+        return
+    if json_out is not None:
+        raise ValueError("--json is for analysing a profiler folder; profiling a workload writes profile.json under --out")
     from .harness.runner import run_workload
     from .profile import analyse, render_profile
 
-    wl = load_workload(workload)
+    wl = load_workload(path)
     m = wl.manifest
     out = out or Path("runs") / f"profile-{m.name}-{target}"
     total = m.steps.warmup + (measured or m.steps.measured) + profile_steps + 2
@@ -92,6 +111,66 @@ def profile(
     (out / "profile.json").write_text(report.model_dump_json(indent=1))
     render_profile(report, console)
     console.print(f"wrote {out / 'profile.json'}")
+
+
+def _is_workload(path: Path) -> bool:
+    from .workload import MANIFEST_NAME
+
+    return (path / MANIFEST_NAME).is_file() or (path.name == MANIFEST_NAME and path.is_file())
+
+
+def _analyse_profile_folder(path: Path, json_out: Optional[Path], top: int) -> None:
+    """`trainbridge profile DIR` on a torch_npu profiler folder: one report per rank folder found."""
+    from pydantic import TypeAdapter
+
+    from .profile.ascend import (
+        AscendProfileError,
+        AscendProfileReport,
+        PyTorchTraceOnly,
+        analyse_ranks,
+    )
+    from .profile.ascend.render import render_ascend_report, render_rank_summary
+
+    if json_out is not None and json_out.is_dir():
+        raise ValueError(f"--json {json_out}: is a folder; give a file name, e.g. {json_out / 'ascend_profile.json'}")
+    try:
+        ranks = analyse_ranks(path, top=top)
+    except PyTorchTraceOnly:
+        raise
+    except AscendProfileError as e:
+        if path.is_dir():
+            raise AscendProfileError(f"{e} (nor is it a workload: no trainbridge.toml)") from None
+        raise
+    if len(ranks) == 1 and isinstance(ranks[0][1], AscendProfileError):
+        raise ranks[0][1]
+    rows: list[tuple[str, AscendProfileReport | None]] = []
+    for i, (folder, result) in enumerate(ranks, 1):
+        name = folder.parent.name if folder.name == "ASCEND_PROFILER_OUTPUT" else folder.name
+        title = f"rank {i}/{len(ranks)}: {name}" if len(ranks) > 1 else None
+        if isinstance(result, AscendProfileError):
+            err_console.print(Text(f"warning: {name}: not analysed: {result}", style="yellow"), soft_wrap=True)
+            rows.append((name, None))
+            continue
+        if i > 1:
+            console.print()
+        render_ascend_report(result, console, title=title, top=top)
+        rows.append((name, result))
+    reports = [r for _, r in rows if r is not None]
+    if not reports:
+        raise AscendProfileError(f"{path}: no profiler folder could be analysed "
+                                 f"({len(ranks)} found, none readable; see the warnings above)")
+    if len(ranks) > 1:
+        console.print()
+        render_rank_summary(rows, console)
+    if json_out is not None:
+        data = (reports[0].model_dump_json(indent=1) if len(ranks) == 1 else
+                TypeAdapter(list[AscendProfileReport]).dump_json(reports, indent=1).decode())
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(data)
+        except OSError as e:
+            raise ValueError(f"--json {json_out}: cannot write ({e.strerror or e})") from None
+        console.print(f"wrote {json_out}")
 
 
 @app.command()
@@ -414,7 +493,7 @@ def doctor(target: str = TargetOpt) -> None:
 
     from .targets.doctor import diagnose
 
-    if target not in ("cpu", "cuda", "npu"):
+    if target not in TARGET_NAMES:
         raise ValueError(f"--target {target}: choose cpu, cuda or npu")
     checks = diagnose(target)
     table = Table(title=f"trainbridge doctor --target {target}")

@@ -8,11 +8,13 @@ conservation) reads this one model, so a bad manifest fails here, naming field a
 from __future__ import annotations
 
 import fnmatch
-import tomllib
 from pathlib import Path
 from typing import Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .targets.registry import TargetName
 
 MANIFEST_NAME = "trainbridge.toml"
 
@@ -63,6 +65,8 @@ class CorrectnessConfig(_Strict):
 class LimitsConfig(_Strict):
     timeout_s: float = Field(600.0, gt=0)
     memory_limit_mb: int = Field(16000, gt=0)
+    sandbox: bool = Field(True, description="refuse writes outside the program's folder, network connections "
+                                            "and processes the program starts itself (harness/sandbox.py)")
 
 
 class PrepareConfig(_Strict):
@@ -94,7 +98,7 @@ class Manifest(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="environment for every run")
     prepare: PrepareConfig | None = None
     port: PortConfig = Field(default_factory=PortConfig)
-    native_device: Literal["cuda", "cpu", "npu"] = Field(
+    native_device: TargetName = Field(
         "cuda", description="the device the program was written for; the harness ports from it"
     )
 

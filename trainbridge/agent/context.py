@@ -8,7 +8,9 @@ earlier attempt already logged instead of redoing it.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,6 +21,20 @@ from ..profile.analysis import ProfileReport
 from ..workload import Workload
 from .rewriters.base import Rewriter
 from .state import RunConfig, RunPaths
+
+
+def active_seconds(events) -> float:
+    """Working time of a run's sessions, from its ledger: each session runs from its RunStarted or
+    RunResumed event to its last event (a kill loses the time after the last event, never more)."""
+    total, start, last = 0.0, None, None
+    for e in events:
+        t = dt.datetime.fromisoformat(e.time_utc).timestamp()
+        if isinstance(e, (ev.RunStarted, ev.RunResumed)):
+            if start is not None:
+                total += last - start
+            start = t
+        last = t
+    return total + (last - start if start is not None else 0.0)
 
 
 class PortBlocked(RuntimeError):
@@ -33,6 +49,13 @@ class RunContext:
     ledger: Ledger
     rewriter: Rewriter | None
     report: Callable[..., None] = field(default=lambda phase, **kw: None)
+    active_s_before: float = 0.0  # working seconds of the run's earlier sessions (`active_seconds`)
+    session_started_at: float = field(default_factory=time.time)
+
+    def active_minutes(self) -> float:
+        """Minutes the run has been working, over all its sessions: the time budget counts these, so a
+        run resumed a day after a kill still has the minutes it had left."""
+        return (self.active_s_before + time.time() - self.session_started_at) / 60.0
 
     # ------------------------------------------------------------ ledger ----
     def log(self, event) -> None:

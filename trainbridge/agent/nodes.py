@@ -8,7 +8,6 @@ first unfinished node. Nodes orchestrate; what counts as better lives in
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from langgraph.runtime import Runtime
@@ -154,7 +153,7 @@ def plan(state: RunState, runtime: Rt) -> dict:
     n = state.get("n_candidates", 0)
     if n >= cfg.budget_candidates:
         return {"current": None, "done_reason": f"candidate budget ({cfg.budget_candidates}) used"}
-    if (time.time() - state["started_at"]) / 60.0 >= cfg.budget_minutes:
+    if ctx.active_minutes() >= cfg.budget_minutes:
         return {"current": None, "done_reason": f"time budget ({cfg.budget_minutes:.0f} min) used"}
     ctx.report("plan", candidates=n)
     files = read_program(Path(state["incumbent_dir"]))

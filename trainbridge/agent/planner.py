@@ -12,34 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from ..patterns import LEVEL_COST, pattern_spec
 from ..profile.analysis import ProfileReport
-
-LEVEL_COST = {"L0": 1.0, "L1": 1.2, "L2": 1.5, "L3": 2.0, "L4": 2.5, "L5": 4.0, "L6": 8.0}
-
-# ATen ops (profiler names) each pattern's eager form spends its time in on the target,
-# and the share of that time a fused/compiled replacement is expected to remove.
-PATTERN_OPS: dict[str, tuple[tuple[str, ...], float]] = {
-    "rms_norm": (("aten::pow", "aten::mean", "aten::add", "aten::rsqrt", "aten::mul"), 0.5),
-    "add_rms_norm": (("aten::add", "aten::pow", "aten::mean", "aten::rsqrt", "aten::mul"), 0.5),
-    "rotary": (("aten::mul", "aten::cat", "aten::neg", "aten::add", "aten::sub", "aten::slice"), 0.4),
-    "attention": (("aten::bmm", "aten::masked_fill", "aten::_softmax", "aten::_softmax_backward_data",
-                   "aten::mul", "aten::div", "aten::where", "aten::clone"), 0.5),
-    "relu2": (("aten::relu", "aten::pow", "aten::threshold_backward", "aten::mul"), 0.3),
-    "swiglu": (("aten::silu", "aten::mul", "aten::silu_backward"), 0.3),
-    "gelu": (("aten::gelu", "aten::gelu_backward"), 0.2),
-    "softcap_cross_entropy": (("aten::tanh", "aten::tanh_backward", "aten::div", "aten::mul",
-                               "aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::nll_loss_forward",
-                               "aten::nll_loss_backward"), 0.4),
-    "cross_entropy": (("aten::_log_softmax", "aten::nll_loss_forward"), 0.2),
-    "optimizer_update": (("aten::mul_", "aten::add_", "aten::addcmul_", "aten::addcdiv_", "aten::lerp_",
-                          "aten::sqrt", "aten::div", "aten::mul", "aten::add", "aten::mm"), 0.3),
-    "precision": (("aten::mm", "aten::bmm", "aten::addmm", "aten::convolution", "aten::convolution_backward"), 0.4),
-    "host_sync": (("aten::item", "aten::_local_scalar_dense"), 0.9),
-    "redundant_cast": (("aten::_to_copy", "aten::copy_"), 0.5),
-    "threads": ((), 0.0),
-    "compile_region": ((), 0.0),
-    "pointwise_chain": (("aten::mul", "aten::add", "aten::div", "aten::sub"), 0.3),
-}
 
 
 class Hypothesis(BaseModel):
@@ -69,7 +43,8 @@ class PlanItem(BaseModel):
 
 
 def predicted_saving_ms(pattern: str, profile: ProfileReport, op_estimate: list[str] | None = None) -> float:
-    ops, fraction = PATTERN_OPS.get(pattern, ((), 0.1))
+    spec = pattern_spec(pattern)
+    ops, fraction = spec.eager_ops, spec.removable_share
     names = set(ops) | {f"aten::{o.split('.')[-1]}" if "::" not in o else o for o in (op_estimate or [])}
     by_name = {o.name: o for o in (profile.all_ops or profile.top_ops)}
     spent = sum(by_name[n].self_ms_per_step for n in names if n in by_name)
@@ -98,7 +73,7 @@ def site_pattern(pattern: str, site: str | None) -> str:
 def make_item(recipe, profile: ProfileReport, *, intent: dict | None, min_effect: float,
               site: str | None = None, target: str | None = None) -> PlanItem:
     pattern = site_pattern(recipe.pattern, site)
-    ops, _ = PATTERN_OPS.get(pattern, ((), 0.1))
+    ops = pattern_spec(pattern).eager_ops
     saving = predicted_saving_ms(pattern, profile, (intent or {}).get("eager_ops"))
     step = profile.step.median_ms
     conf = float((intent or {}).get("confidence", 0.5))
@@ -150,7 +125,7 @@ def candidate_hypothesis(item: PlanItem, source: str, target: str, *, ops_claime
     recipe = RECIPES[name]
     compiled = target in recipe.compiled_on
     precision = recipe.gemm_precision
-    ops = [] if compiled or precision else list(ops_claimed) or list(PATTERN_OPS.get(recipe.pattern, ((), 0))[0])
+    ops = [] if compiled or precision else list(ops_claimed) or list(pattern_spec(recipe.pattern).eager_ops)
     return h.model_copy(update={"ops_removed": ops, "compiled_region": compiled, "gemm_precision": precision})
 
 

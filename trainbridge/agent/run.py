@@ -14,7 +14,7 @@ from ..ledger import models as ev
 from ..ledger.store import Ledger
 from ..workload import load_workload
 from .graph import build_graph, open_checkpointer
-from .context import RunContext
+from .context import RunContext, active_seconds
 from .state import RunConfig, RunPaths
 
 
@@ -67,7 +67,7 @@ def resume_run(run_dir: Path, reporter=None) -> Path:
 def _drive(cfg: RunConfig, paths: RunPaths, ledger: Ledger, reporter, initial) -> None:
     workload = load_workload(cfg.workload)
     ctx = RunContext(cfg=cfg, workload=workload, paths=paths, ledger=ledger, rewriter=make_rewriter(cfg),
-                     report=reporter or (lambda phase, **kw: None))
+                     report=reporter or (lambda phase, **kw: None), active_s_before=active_seconds(ledger.events()))
     saver = open_checkpointer(paths.checkpoints)
     graph = build_graph(checkpointer=saver)
     config = {"configurable": {"thread_id": cfg.run_id}, "recursion_limit": 10_000}

@@ -11,6 +11,8 @@ from typing import Annotated, Literal, TypedDict
 
 from pydantic import BaseModel, Field
 
+from ..targets.registry import TargetName
+
 AgentKind = Literal["recipes", "llm", "llm+recipes"]
 
 
@@ -19,7 +21,7 @@ class RunConfig(BaseModel):
 
     run_id: str
     workload: str
-    target: Literal["cpu", "cuda", "npu"] = "cpu"
+    target: TargetName = "cpu"
     agent: AgentKind = "recipes"
     evidence: str | None = Field(None, description="evidence bundle to use instead of collecting")
     evidence_device: Literal["cuda", "cpu"] = "cuda"

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from ..patterns import GapClass, Level, Pattern
+from ..patterns import GapClass, Level, Pattern, TargetOp
 
 SCHEMA_VERSION = 1
 
@@ -150,12 +150,6 @@ class Supernode(_Model):
     aten_ops: list[str] = Field(default_factory=list)
 
 
-class TargetOp(_Model):
-    api: str
-    level: Level
-    note: str = ""
-
-
 class IntentEvidence(_Model):
     kernels: list[str] = Field(default_factory=list, description="kernel names")
     kernel_ids: list[str] = Field(default_factory=list)
@@ -273,7 +267,7 @@ def render_summary(bundle: EvidenceBundle, console=None) -> None:
                       f"({g.generated_kernels} generated, {g.library_calls} library)"
                       + (f" - codegen error: {g.codegen_error}" if g.codegen_error else ""))
     if bundle.graph_breaks:
-        console.print(f"  graph breaks: " + "; ".join(
+        console.print("  graph breaks: " + "; ".join(
             f"{b.file}:{b.line} x{b.count} {b.reason[:70]}" for b in bundle.graph_breaks[:5]))
 
     t = Table(title="supernodes")

@@ -16,8 +16,18 @@ import re
 from collections import Counter
 
 from ..aten_ops import CONVOLUTION_BACKWARD, FUSED_ATTENTION, MATMUL
-from .bundle import (EagerOps, Intent, IntentEvidence, KernelRecord, MatmulDtype, SourceLoc, SourceSpan,
-                     Supernode, TargetOp)
+from ..patterns import pattern_spec
+from .bundle import (
+    EagerOps,
+    Intent,
+    IntentEvidence,
+    KernelRecord,
+    MatmulDtype,
+    SourceLoc,
+    SourceSpan,
+    Supernode,
+    TargetOp,
+)
 from .codeparse import short_op
 from .frames import read_line
 from .raw import RawGraphBreak
@@ -26,97 +36,6 @@ from .source_scan import ScanFinding
 from .supernodes import spans_from_locs
 
 T = TargetOp
-
-# pattern -> (gap class, level, {target: [TargetOp]})
-CATALOGUE: dict[str, tuple[str, str, dict[str, list[TargetOp]]]] = {
-    "rms_norm": ("fusion", "L2", {
-        "npu": [T(api="torch_npu.npu_rms_norm(x, gamma, epsilon)[0]", level="L2",
-                  note="fp16/bf16/fp32, gamma same dtype as x; has backward; without a weight pass ones"),
-                T(api="torch.compile(region, backend='npu')", level="L4", note="if the vendor op does not fit")],
-        "cpu": [T(api="torch.nn.functional.rms_norm(x, (d,), weight, eps)", level="L2", note="native op"),
-                T(api="torch.compile(region)", level="L4")],
-        "cuda": [T(api="torch.nn.functional.rms_norm(x, (d,), weight, eps)", level="L2"),
-                 T(api="torch.compile(region)", level="L4")],
-    }),
-    "add_rms_norm": ("fusion", "L2", {
-        "npu": [T(api="torch_npu.npu_add_rms_norm(x1, x2, gamma, epsilon)", level="L2",
-                  note="no backward registered: training needs a custom autograd function (L5) or npu_rms_norm"),
-                T(api="torch_npu.npu_rms_norm(x1 + x2, gamma, epsilon)[0]", level="L2")],
-        "cpu": [T(api="torch.nn.functional.rms_norm(x1 + x2, (d,), weight, eps)", level="L2"),
-                T(api="torch.compile(region)", level="L4")],
-        "cuda": [T(api="torch.compile(region)", level="L4", note="Inductor fuses the add into the norm")],
-    }),
-    "layer_norm": ("fusion", "L2", {
-        "npu": [T(api="torch.nn.functional.layer_norm (native on NPU)", level="L2"),
-                T(api="torch_npu.npu_add_layer_norm(x1, x2, gamma, beta, eps)", level="L2",
-                  note="when a residual add precedes the norm")],
-        "cpu": [T(api="torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)", level="L2")],
-        "cuda": [T(api="torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)", level="L2")],
-    }),
-    "rotary": ("fusion", "L2", {
-        "npu": [T(api="torch_npu.npu_rotary_mul(x, cos, sin, rotary_mode='half')", level="L2",
-                  note="4-D input (BSND/BNSD), D even and < 896; precompute cos/sin expanded to both halves; has backward")],
-        "cpu": [T(api="torch.compile(apply_rotary)", level="L4", note="no native rotary op"),
-                T(api="precompute cos/sin once, rotate with one cat", level="L3")],
-        "cuda": [T(api="torch.compile(apply_rotary)", level="L4")],
-    }),
-    "attention": ("fusion", "L2", {
-        "npu": [T(api="torch_npu.npu_fusion_attention(q, k, v, head_num, input_layout='BNSD', scale=1/sqrt(d), "
-                      "atten_mask=causal_bool_mask, sparse_mode=3)", level="L2",
-                  note="atten_mask True = masked out; causal: sparse_mode 2/3 with a 2048x2048 lower-triangular mask; "
-                       "output is [0]; D <= 768; skips masked blocks (work domain)"),
-                T(api="torch_npu.npu_scaled_masked_softmax(scores, mask, scale)", level="L2",
-                  note="softmax part only; H, W in [32, 4096], multiples of 32")],
-        "cpu": [T(api="torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)", level="L2")],
-        "cuda": [T(api="torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)", level="L2",
-                   note="flash / memory-efficient kernels")],
-    }),
-    "relu2": ("fusion", "L4", {
-        "npu": [T(api="torch.compile(mlp_activation, backend='npu')", level="L4", note="no fused ReLU² op"),
-                T(api="relu(x) * relu(x) via torch_npu custom kernel", level="L6")],
-        "cpu": [T(api="torch.compile(mlp_activation)", level="L4")],
-        "cuda": [T(api="torch.compile(mlp_activation)", level="L4")],
-    }),
-    "swiglu": ("fusion", "L2", {
-        "npu": [T(api="torch_npu.npu_swiglu(x, dim=-1)", level="L2", note="input is cat([a, b]); has backward")],
-        "cpu": [T(api="torch.compile(region)", level="L4")],
-        "cuda": [T(api="torch.compile(region)", level="L4")],
-    }),
-    "gelu": ("fusion", "L2", {
-        "npu": [T(api="torch_npu.npu_gelu(x, approximate='none'|'tanh')", level="L2"),
-                T(api="torch_npu.npu_geglu(x, dim=-1, approximate=1)", level="L2", note="when gelu(a) * b")],
-        "cpu": [T(api="torch.nn.functional.gelu(x, approximate='tanh')", level="L2")],
-        "cuda": [T(api="torch.nn.functional.gelu(x, approximate='tanh')", level="L2")],
-    }),
-    "softcap_cross_entropy": ("fusion", "L4", {
-        "npu": [T(api="torch.compile(softcap + loss, backend='npu')", level="L4"),
-                T(api="torch_npu.npu_cross_entropy_loss(logits.float(), target)[0] after the softcap", level="L2",
-                  note="input [N, C]; returns 4 tensors, loss first"),
-                T(api="fused softcap + cross-entropy custom kernel (Triton-Ascend)", level="L6")],
-        "cpu": [T(api="torch.compile(softcap + cross_entropy)", level="L4")],
-        "cuda": [T(api="torch.compile(softcap + cross_entropy)", level="L4")],
-    }),
-    "cross_entropy": ("fusion", "L2", {
-        "npu": [T(api="torch_npu.npu_cross_entropy_loss(logits, target)[0]", level="L2")],
-        "cpu": [T(api="torch.nn.functional.cross_entropy", level="L2")],
-        "cuda": [T(api="torch.nn.functional.cross_entropy", level="L2")],
-    }),
-    "optimizer_update": ("fusion", "L2", {
-        "npu": [T(api="torch_npu.optim.NpuFusedAdamW / NpuFusedAdam / NpuFusedSGD", level="L2",
-                  note="zero_grad(set_to_none=True) raises; parameters must not be recreated"),
-                T(api="torch.compile(optimizer math, backend='npu')", level="L4",
-                  note="custom optimizers (Muon: Newton-Schulz)")],
-        "cpu": [T(api="torch.optim.AdamW(..., foreach=True) or fused=True", level="L0"),
-                T(api="torch.compile(optimizer.step)", level="L4")],
-        "cuda": [T(api="torch.optim.AdamW(..., fused=True)", level="L0"),
-                 T(api="torch.compile(optimizer.step)", level="L4")],
-    }),
-    "pointwise_chain": ("fusion", "L4", {
-        "npu": [T(api="torch.compile(region, backend='npu')", level="L4")],
-        "cpu": [T(api="torch.compile(region)", level="L4")],
-        "cuda": [T(api="torch.compile(region)", level="L4")],
-    }),
-}
 
 _TORCH_OPTIMIZERS = {"AdamW", "Adam", "SGD", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD",
                      "LBFGS", "Rprop", "SparseAdam", "Adafactor"}
@@ -127,21 +46,6 @@ _CUSTOM_OPTIMIZER_TARGETS = {
     "cpu": [T(api="torch.compile(optimizer.step)", level="L4"),
             T(api="batch the per-parameter loop over stacked same-shape parameters", level="L3")],
     "cuda": [T(api="torch.compile(optimizer.step)", level="L4")],
-}
-
-_TITLE = {
-    "rms_norm": "RMSNorm written out as ATen ops: one fused norm kernel on the GPU",
-    "add_rms_norm": "residual add + RMSNorm fused in one GPU kernel",
-    "layer_norm": "LayerNorm fused in one GPU kernel",
-    "rotary": "rotary embedding (slice / neg / cat / mul / add) fused in one GPU kernel",
-    "attention": "attention scores + mask + softmax fused (or a library attention call)",
-    "relu2": "ReLU² MLP activation fused in one GPU kernel",
-    "swiglu": "SiLU gating fused in one GPU kernel",
-    "gelu": "GELU fused in one GPU kernel",
-    "softcap_cross_entropy": "tanh softcap + cross-entropy fused on the GPU",
-    "cross_entropy": "log-softmax + NLL fused on the GPU",
-    "optimizer_update": "optimizer update: per-parameter loop fused by the compiler",
-    "pointwise_chain": "chain of elementwise ops fused in one GPU kernel",
 }
 
 _LIB_OPS = MATMUL | {"matmul", "convolution"} | CONVOLUTION_BACKWARD | FUSED_ATTENTION
@@ -181,26 +85,13 @@ class _Ctx:
         return total, [f"aten::{short_op(o)}" for o, _ in ops.most_common(12)]
 
 
-STRONG_OPS: dict[str, set[str]] = {
-    "rms_norm": {"rsqrt"}, "add_rms_norm": {"add2"},
-    "layer_norm": {"native_layer_norm", "var_mean", "var", "rsqrt", "sqrt"},
-    "rotary": {"cat", "neg", "slice", "split", "sub", "view_as_complex"},
-    "attention": {"_softmax", "softmax", "prepare_softmax_online", "masked_fill", "amax", "where", "exp",
-                  "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                  "_scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_attention"},
-    "relu2": {"relu"}, "swiglu": {"silu", "sigmoid", "exp", "neg", "split", "chunk"}, "gelu": {"gelu", "erf", "tanh"},
-    "softcap_cross_entropy": {"tanh", "_log_softmax", "nll_loss_forward", "prepare_softmax_online", "gather", "log"},
-    "cross_entropy": {"_log_softmax", "nll_loss_forward", "prepare_softmax_online", "gather", "log"},
-}
-
-
 def _pattern_locs(k: KernelRecord, pattern: str, weak: set[str],
                   lo: dict[str, set[str]]) -> tuple[tuple[str, str] | None, list[SourceLoc]]:
     """The function that holds the pattern's own ops in kernel `k`, and its lines there."""
     if pattern in ("optimizer_update", "pointwise_chain") or k.kind == "attention":
         fn = Counter((l.file, l.function) for l in k.sources).most_common(1)
         return (fn[0][0] if fn else None), list(k.sources)
-    strong = STRONG_OPS.get(pattern, weak)
+    strong = pattern_spec(pattern).signature_ops or weak
     strong_locs = [l for l in k.sources if lo.get(l.key, set()) & strong]
     if not strong_locs:
         return None, []
@@ -223,7 +114,7 @@ def compiler_intents(supernodes: list[Supernode], ctx: _Ctx, line_ops: dict[str,
         lo_k = line_ops.get(k.id, {})
         adds = sum(1 for v in lo_k.values() if "add2" in v)
         for m in recognize(k.aten_ops, text, k.phase, k.kind, adds):
-            if m.pattern not in CATALOGUE or m.pattern not in k.patterns:
+            if not pattern_spec(m.pattern).target_ops or m.pattern not in k.patterns:
                 continue
             fn, locs = _pattern_locs(k, m.pattern, m.signature_ops, line_ops.get(k.id, {}))
             if m.pattern == "optimizer_update":
@@ -244,7 +135,9 @@ def compiler_intents(supernodes: list[Supernode], ctx: _Ctx, line_ops: dict[str,
                 g["sns"][sn.id] += 1
     out: list[Intent] = []
     for (pattern, where), g in groups.items():
-        gap, level, targets = CATALOGUE[pattern]
+        spec = pattern_spec(pattern)
+        gap, level = spec.gap_class, spec.level
+        targets = {t: list(ops) for t, ops in spec.target_ops.items()}
         pk: list[KernelRecord] = g["kernels"]
         if pattern == "optimizer_update" and str(where).split(":", 1)[-1] not in _TORCH_OPTIMIZERS:
             targets = _CUSTOM_OPTIMIZER_TARGETS
@@ -288,10 +181,10 @@ def compiler_intents(supernodes: list[Supernode], ctx: _Ctx, line_ops: dict[str,
         if pattern == "pointwise_chain":
             conf = min(conf, 0.4)
         out.append(Intent(
-            id=ident, summary=f"{_TITLE.get(pattern, pattern)}" + (f" ({sn.label})" if sn else ""),
+            id=ident, summary=f"{spec.title or pattern}" + (f" ({sn.label})" if sn else ""),
             pattern=pattern, gap_class=gap, level=level, kind="compiler", supernode=sn_id,  # type: ignore[arg-type]
             eager_ops_removed=removed,
-            eager_ops=eager_ops or [f"aten::{o}" for o in sorted(STRONG_OPS.get(pattern, set()))][:8],
+            eager_ops=eager_ops or [f"aten::{o}" for o in sorted(spec.signature_ops)][:8],
             spans=spans,
             evidence=IntentEvidence(
                 kernels=sorted({k.name for k in pk + bk}), kernel_ids=[k.id for k in pk + bk],
@@ -325,7 +218,7 @@ def porting_intents(findings: list[ScanFinding], ctx: _Ctx, matmul_dtypes: list[
                 id=ctx.new_id(f"precision@{f.file}:{f.line}"),
                 summary=f"cuda autocast to {dtype} does nothing on the port: restore {dtype} matmuls",
                 pattern="precision", gap_class="precision", level="L0", kind="porting",
-                eager_ops_removed=0, eager_ops=["aten::mm", "aten::bmm", "aten::addmm"], spans=[span],
+                eager_ops_removed=0, eager_ops=list(pattern_spec("precision").eager_ops), spans=[span],
                 evidence=IntentEvidence(source_text=[f.code], notes=notes),
                 confidence=conf, grade=grade_of(conf),  # type: ignore[arg-type]
                 targets={

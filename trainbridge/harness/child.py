@@ -21,7 +21,6 @@ steps after the measured ones.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import random
@@ -40,8 +39,10 @@ from ..aten_ops import PRECISION_GEMMS, dispatcher_names
 from ..targets import TargetUnavailable, get_target
 from ..targets.base import cpu_model
 from ..targets.capabilities import cpu_signature
+from . import sandbox
+from .child_env import end_descendants
 from .handwritten_optimizers import HandwrittenOptimizerHooks
-from .models import Environment, OpCount, RunRequest, RunResult, StepRecord
+from .models import Environment, OpCount, RunRequest, RunResult, StepRecord, is_path_option
 from .plugins import HarnessPlugin, load_plugin
 
 
@@ -407,6 +408,13 @@ def _is_oom(exc: BaseException) -> bool:
     return "out of memory" in text or "can't allocate memory" in text or "defaultcpuallocator" in text
 
 
+def _harness_write_dirs(req: RunRequest) -> list[str]:
+    """Folders the harness and its plugins write in while the program runs (results, traces, outputs)."""
+    paths = [req.result_path, req.steps_path, req.profile_trace_path]
+    paths += [v for k, v in req.plugin_options.items() if is_path_option(k)]
+    return sorted({str(Path(p).parent) if Path(p).suffix else str(p) for p in paths if p})
+
+
 def run(req: RunRequest) -> RunResult:
     t0 = time.perf_counter()
     result = RunResult(status="crashed", request=req)
@@ -434,6 +442,8 @@ def run(req: RunRequest) -> RunResult:
         p.before_program()
     sys.argv = [req.script, *req.args]
     sys.path.insert(0, str(Path(req.script).parent))
+    if req.sandbox:
+        sandbox.install(req.cwd, _harness_write_dirs(req))
     status, error = "crashed", None
     try:
         runpy.run_path(req.script, run_name="__main__")
@@ -494,6 +504,7 @@ def main() -> None:
     tmp.write_text(result.model_dump_json())
     os.replace(tmp, req.result_path)
     sys.stdout.flush()
+    end_descendants(os.getpid())  # background processes the program started end with it
     # Skip interpreter teardown of the program's threads/pools: the result is written.
     os._exit(0)
 

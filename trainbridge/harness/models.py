@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-TargetName = Literal["cpu", "cuda", "npu"]
+from ..targets.registry import TargetName
 
 # Plugin options with these names (or ending in one of the suffixes) are paths. The child runs
 # in the program's own folder, so a relative path there means something else than in the
@@ -47,6 +47,7 @@ class RunRequest(BaseModel):
     npu_reference: bool = Field(False, description="dry run of an npu program on the CPU with the torch_npu references")
     plugins: list[str] = Field(default_factory=list, description="'module:Class' harness plugins (e.g. evidence capture)")
     plugin_options: dict[str, str] = Field(default_factory=dict)
+    sandbox: bool = Field(True, description="run the program under the audit hooks of harness/sandbox.py")
 
     @model_validator(mode="after")
     def _paths_are_absolute(self) -> "RunRequest":

@@ -3,7 +3,9 @@
 The parent owns the time-out and the memory limit: it polls the child's process tree,
 kills the whole process group when either is exceeded, and still returns a RunResult
 built from the steps the child had flushed. A crash, hang or out-of-memory program gives
-a result that says why, never an exception.
+a result that says why, never an exception. The child starts without credentials in its
+environment and under resource limits, and its process tree ends with the run however the
+run ends (`child_env`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..workload import Workload
+from .child_env import MAX_FILE_MB, child_environment, end_process_tree, limit_child, read_tail
 from .loglines import parse_log
 from .models import RunRequest, RunResult, StepRecord, TargetName
 from .torchrun_env import requires_torchrun, torchrun_env
@@ -103,14 +106,6 @@ def _tree_rss_mb(pid: int) -> float:
     return total_kb / 1024.0
 
 
-def _tail(path: Path) -> str:
-    try:
-        data = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return data[-_TAIL_CHARS:]
-
-
 def _read_steps(path: Path) -> list[StepRecord]:
     steps = []
     try:
@@ -131,6 +126,7 @@ def run_request(
     memory_limit_mb: float,
     env: dict[str, str] | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
+    max_file_mb: float = MAX_FILE_MB,
 ) -> RunResult:
     """Run one child to completion (or kill it) and return its result."""
     run_dir = Path(req.result_path).parent
@@ -141,10 +137,8 @@ def run_request(
         Path(p).unlink(missing_ok=True)
     stdout_path = Path(req.result_path).with_suffix(".stdout.log")
     stderr_path = Path(req.result_path).with_suffix(".stderr.log")
-    child_env = dict(os.environ)
-    child_env.update(env or {})
-    child_env["PYTHONHASHSEED"] = str(req.seed)
-    child_env["PYTHONUNBUFFERED"] = "1"
+    child_env = child_environment(os.environ, {**(env or {}), "PYTHONHASHSEED": str(req.seed),
+                                               "PYTHONUNBUFFERED": "1"})
     # the child must import this very trainbridge, wherever the program's folder is
     pkg_root = str(Path(__file__).resolve().parents[2])
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, child_env.get("PYTHONPATH")]))
@@ -155,32 +149,31 @@ def run_request(
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainbridge.harness.child", str(req_path)],
             cwd=req.cwd, env=child_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=lambda: limit_child(max_file_mb),
         )
-        reported = 0
-        while proc.poll() is None:
-            time.sleep(_POLL_S)
-            elapsed = time.monotonic() - t0
-            rss = _tree_rss_mb(proc.pid)
-            peak_rss = max(peak_rss, rss)
-            if on_step is not None:
-                steps = _read_steps(Path(req.steps_path))
-                for s in steps[reported:]:
-                    on_step(s)
-                reported = len(steps)
-            if elapsed > timeout_s:
-                killed_for = "timeout"
-            elif rss > memory_limit_mb:
-                killed_for = "oom"
-            if killed_for:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-                break
+        try:
+            reported = 0
+            while proc.poll() is None:
+                time.sleep(_POLL_S)
+                elapsed = time.monotonic() - t0
+                rss = _tree_rss_mb(proc.pid)
+                peak_rss = max(peak_rss, rss)
+                if on_step is not None:
+                    steps = _read_steps(Path(req.steps_path))
+                    for s in steps[reported:]:
+                        on_step(s)
+                    reported = len(steps)
+                if elapsed > timeout_s:
+                    killed_for = "timeout"
+                elif rss > memory_limit_mb:
+                    killed_for = "oom"
+                if killed_for:
+                    break
+        finally:  # a time-out, a limit, Ctrl-C or an error here: nothing the child started outlives the run
+            end_process_tree(proc.pid)
+            proc.wait()
     wall_s = time.monotonic() - t0
-    stdout_tail, stderr_tail = _tail(stdout_path), _tail(stderr_path)
+    stdout_tail, stderr_tail = read_tail(stdout_path, _TAIL_CHARS), read_tail(stderr_path, _TAIL_CHARS)
     result_file = Path(req.result_path)
     if killed_for is None and result_file.exists():
         result = RunResult.model_validate_json(result_file.read_text())
@@ -196,9 +189,11 @@ def run_request(
         else:
             code = proc.returncode
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            if code == -signal.SIGXFSZ:
+                how += f": a file it wrote (its output included) passed the {max_file_mb:.0f} MiB limit"
             status, error = "crashed", f"the child died ({how}) at step {len(steps)}: {stderr_tail[-800:]}"
         result = RunResult(status=status, error=error, request=req, steps=steps)  # type: ignore[arg-type]
-    program_out = stdout_path.read_text(errors="replace") if stdout_path.exists() else ""
+    program_out = read_tail(stdout_path)
     result.program_log = parse_log(program_out)
     result.stdout_tail = stdout_tail
     result.stderr_tail = stderr_tail
@@ -242,6 +237,7 @@ def run_workload(
     env: dict[str, str] | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
     npu_reference: bool = False,
+    max_file_mb: float = MAX_FILE_MB,
 ) -> RunResult:
     """Run a workload's program (ported to `target`, or the given `sources`) in a child.
 
@@ -281,6 +277,7 @@ def run_workload(
         plugins=plugins or [],
         plugin_options=plugin_options or {},
         npu_reference=npu_reference,
+        sandbox=m.limits.sandbox,
     )
     run_env = dict(m.env)
     run_env.update(env or {})
@@ -292,4 +289,5 @@ def run_workload(
         memory_limit_mb=m.limits.memory_limit_mb,
         env=run_env,
         on_step=on_step,
+        max_file_mb=max_file_mb,
     )

@@ -231,11 +231,12 @@ class RunFinished(_Event):
 class VerifyResult(_Event):
     event: Literal["verify_result"] = "verify_result"
     recorded_speedup: float | None
-    measured_speedup: float
-    ci: tuple[float, float]
+    measured_speedup: float | None = Field(..., description="None when a timed round could not be believed")
+    ci: tuple[float, float] | None
     holds: bool
     min_effect: float | None = Field(None, description="the bar the run decided with, used again here")
-    problems: list[str] = Field(default_factory=list, description="rounds dropped because a run failed")
+    problems: list[str] = Field(default_factory=list, description="rounds dropped because a run failed, and a "
+                                                                   "timed run that did other work than the port's")
     port_runs_ms: list[list[float]] = Field(default_factory=list)
     final_runs_ms: list[list[float]] = Field(default_factory=list)
 

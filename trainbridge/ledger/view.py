@@ -71,6 +71,8 @@ def render_ledger(ledger: Ledger, console: Console) -> Table:
         line += f"; accepted {len(fin.accepted)}, rejected {len(fin.rejected)}"
         console.print(Text(line, style="bold"))
     if ver is not None:
-        console.print(Text(f"verify: measured {ver.measured_speedup:.3f}x [{ver.ci[0]:.3f}, {ver.ci[1]:.3f}] -> "
-                           + ("holds" if ver.holds else "does not hold"), style="green" if ver.holds else "red"))
+        measured = (f"measured {ver.measured_speedup:.3f}x [{ver.ci[0]:.3f}, {ver.ci[1]:.3f}]"
+                    if ver.measured_speedup is not None and ver.ci else "; ".join(ver.problems) or "not measured")
+        console.print(Text(f"verify: {measured} -> " + ("holds" if ver.holds else "does not hold"),
+                           style="green" if ver.holds else "red"))
     return table

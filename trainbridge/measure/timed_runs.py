@@ -10,7 +10,7 @@ its first losses must match the baseline's reference losses by the validation's 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..harness.models import RunResult, StepRecord
 from .correctness import compare_losses
@@ -20,6 +20,11 @@ TIMED_PHASES = ("warmup", "measured")
 
 def _timed_steps(r: RunResult) -> list[StepRecord]:
     return sorted((s for s in r.steps if s.phase in TIMED_PHASES), key=lambda s: s.index)
+
+
+def timed_losses(r: RunResult) -> list[float | None]:
+    """The losses of a run's timed steps, in step order: the reference a run of the same round is held to."""
+    return [s.loss for s in _timed_steps(r)]
 
 
 def timed_run_problem(candidate: RunResult, incumbent: RunResult, reference_losses: Sequence[float | None], *,
@@ -42,3 +47,16 @@ def timed_run_problem(candidate: RunResult, incumbent: RunResult, reference_loss
     if not loss.passed:
         return f"a timed candidate run's losses differ from the reference: {loss.reason}"
     return None
+
+
+def same_round_check(correctness, *, low_precision: bool, incumbent: str = "incumbent",
+                     candidate: str = "candidate") -> Callable[[Mapping[str, RunResult]], str | None]:
+    """A `timing.interleave` round check for sessions with no reference run of their own
+    (`ledger measure`, `ledger verify`): the candidate arm's run is held to the incumbent
+    arm's run of the same round, both started from the same seed on the same machine.
+    `correctness` is the manifest's correctness section (steps compared, tolerances)."""
+    def check(rnd: Mapping[str, RunResult]) -> str | None:
+        return timed_run_problem(rnd[candidate], rnd[incumbent], timed_losses(rnd[incumbent]),
+                                 loss_steps=correctness.steps, rtol_fp32=correctness.fp32_rtol,
+                                 rtol_low_precision=correctness.low_precision_rtol, low_precision=low_precision)
+    return check

@@ -105,13 +105,3 @@ def candidate_session(workload, target: str, *, incumbent: dict[str, str], candi
         {"incumbent": program_arm(workload, target, incumbent, out_dir=out_dir, label="incumbent", seed=seed),
          "candidate": program_arm(workload, target, candidate, out_dir=out_dir, label="candidate", seed=seed)},
         pairs, on_run=(lambda arm, i, r: on_run(arm, r)) if on_run else None, check=check)
-
-
-def interleaved_timing(workload, target: str, *, incumbent: dict[str, str], candidate: dict[str, str], pairs: int,
-                       out_dir: Path, seed: int, on_run: Callable[[str, RunResult], None] | None = None,
-                       ) -> tuple[list[list[float]], list[list[float]], list[str]]:
-    """Incumbent against candidate, `pairs` rounds: (incumbent runs, candidate runs, problems)."""
-    session = candidate_session(workload, target, incumbent=incumbent, candidate=candidate, pairs=pairs,
-                                out_dir=out_dir, seed=seed, on_run=on_run)
-    inc, cand = session.pair("incumbent", "candidate")
-    return inc, cand, session.problems

@@ -1,26 +1,21 @@
-"""Target backends: cpu (measured here), cuda and npu (same code path, measured on their machines)."""
+"""Target backends: cpu (measured here), cuda and npu (same code path, measured on their machines).
+
+`registry` holds one row of facts per target; `get_target` builds the in-process `Target`
+(clock boundary, memory, profiler) the harness child uses.
+"""
 
 from __future__ import annotations
 
-from .base import Target, TargetUnavailable
+import importlib
 
-TARGET_NAMES = ("cpu", "cuda", "npu")
+from .base import Target, TargetUnavailable
+from .registry import TARGET_NAMES, TARGETS, TargetName, TargetSpec, target_spec
 
 
 def get_target(name: str) -> Target:
-    if name == "cpu":
-        from .cpu import CpuTarget
-
-        return CpuTarget()
-    if name == "cuda":
-        from .cuda import CudaTarget
-
-        return CudaTarget()
-    if name == "npu":
-        from .npu import NpuTarget
-
-        return NpuTarget()
-    raise ValueError(f"unknown target {name!r}: choose one of {', '.join(TARGET_NAMES)}")
+    module, _, cls = target_spec(name).target_class.partition(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
-__all__ = ["Target", "TargetUnavailable", "get_target", "TARGET_NAMES"]
+__all__ = ["Target", "TargetUnavailable", "get_target", "TARGET_NAMES", "TARGETS", "TargetName", "TargetSpec",
+           "target_spec"]

@@ -39,9 +39,11 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 from pydantic import BaseModel, Field
 
-from ..pysource.cstutil import code, dotted
+from ..pysource.shapes import dotted
+from ..pysource.syntax import code
+from .registry import TargetName, target_spec
 
-PortTarget = Literal["cpu", "cuda", "npu"]
+PortTarget = TargetName
 
 ChangeKind = Literal["device", "cuda_api", "memory_stat", "backend", "pin_memory", "compile_removed",
                      "precision_lost", "precision", "import", "gpu_only_feature",
@@ -292,9 +294,9 @@ class _Porter(cst.CSTTransformer):
             updated = updated.with_changes(args=[*updated.args[:-1],
                                                  updated.args[-1].with_changes(comma=original.args[-1].comma)])
         func = original.func
-        if _runs_nvidia_smi(original) and self.target != "cuda":
+        if _runs_nvidia_smi(original) and not target_spec(self.target).source_device:
             # the hardware report GPU programs log: no GPU tool here, and no process to start
-            tool = "npu-smi info" if self.target == "npu" else "lscpu"
+            tool = target_spec(self.target).device_list_command
             new = cst.parse_expression(
                 f'subprocess.CompletedProcess(args=["nvidia-smi"], returncode=0, '
                 f'stdout="nvidia-smi: no NVIDIA GPU on the {self.target} target (see {tool})\\n", stderr="")')
@@ -366,13 +368,14 @@ class _Porter(cst.CSTTransformer):
             if id(original) in self._keep_strings:
                 return updated
             idx = value.partition(":")[2]
-            new_value = "cpu" if self.target == "cpu" else ("npu" + (f":{idx}" if idx else ""))
+            spec = target_spec(self.target)
+            new_value = spec.device_type + (f":{idx}" if idx and spec.indexed_devices else "")
             new = cst.SimpleString(f"{q}{new_value}{q}")
             self._note(original, "device", original.value, new.value,
-                       "device index dropped: one device per process" if self.target == "cpu" and idx else "")
+                       "device index dropped: one device per process" if idx and not spec.indexed_devices else "")
             return new
         if value == "nccl":
-            backend = "gloo" if self.target == "cpu" else "hccl"
+            backend = target_spec(self.target).dist_backend
             self._note(original, "backend", original.value, f"{q}{backend}{q}")
             return cst.SimpleString(f"{q}{backend}{q}")
         return updated
@@ -486,7 +489,7 @@ def port_source(text: str, file: str, target: PortTarget, *,
                 keep_autocast: bool = False) -> tuple[str, list[PortChange]]:
     """Port one file's text; returns (new text, changes). `keep_autocast`: on the cpu target,
     point a cuda autocast at the cpu instead of leaving it inert."""
-    if target == "cuda":
+    if target_spec(target).source_device:
         return text, []
     module = cst.parse_module(text)
     wrapper = MetadataWrapper(module)
@@ -508,7 +511,7 @@ def port_naive(files: dict[str, str], target: PortTarget, *, keep_autocast: bool
     features reported but left as they are; other files pass through unchanged."""
     out, changes = {}, []
     for rel, text in files.items():
-        if not rel.endswith(".py") or target == "cuda":
+        if not rel.endswith(".py") or target_spec(target).source_device:
             out[rel] = text
             continue
         out[rel], ch = port_source(text, rel, target, keep_autocast=keep_autocast)
@@ -523,6 +526,6 @@ def port_program(files: dict[str, str], target: PortTarget, *, keep_autocast: bo
     from .features.pipeline import port_features
 
     naive = port_naive(files, target, keep_autocast=keep_autocast)
-    if target == "cuda":
+    if target_spec(target).source_device:
         return naive
     return port_features(naive)

@@ -14,8 +14,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from ...pysource.cstutil import (positions, Edits, Ref, Scope, StatementSite, code, dead_statements, ensure_imports,
-                      functional_alias, insert_after_imports, iter_functions, iter_statements, assigned_names, stmt)
+from ...pysource.edits import Edits, dead_statements
+from ...pysource.imports import ensure_imports, functional_alias, insert_after_imports
+from ...pysource.names import assigned_names
+from ...pysource.scope import Ref, Scope
+from ...pysource.sites import positions, StatementSite, iter_functions, iter_statements
+from ...pysource.syntax import code, stmt
 from .recipe_base import Recipe, Site, shorten
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from ...patterns import GapClass, Level, Pattern
 from ...workload import ProtectedRegion
-from ...pysource.cstutil import parses
+from ...pysource.syntax import parses
 
 Target = str  # "cpu" | "cuda" | "npu"
 

@@ -1,7 +1,7 @@
 """The offline recipe library: one mechanism per recipe, as libcst rewrites.
 
 Recipes match the *shape* of the code (expressions resolved through local assignments, see
-`pysource.cstutil.Scope`), not any program's text, so they apply to the same idiom written
+`pysource.scope.Scope`), not any program's text, so they apply to the same idiom written
 differently: `x.pow(2)` / `x * x` / `x ** 2` / `torch.square(x)`, `torch.rsqrt(v)` /
 `1 / torch.sqrt(v)`, `mean(-1, keepdim=True)` / `mean(dim=-1, keepdim=True)`, method or
 function, chained or split statements.
@@ -20,6 +20,8 @@ and the caveats.
 
 from __future__ import annotations
 
+from ...patterns import level_rank
+from ...targets.registry import TARGET_NAMES
 from .recipe_base import NotApplicable, Recipe, RewriteProposal, Site
 from .recipes_attention import AttentionRecipe
 from .recipes_compile import CompileRegionRecipe, SoftcapCrossEntropyRecipe
@@ -28,12 +30,17 @@ from .recipes_norm import RmsNormRecipe
 from .recipes_optim import FusedOptimizerRecipe
 from .recipes_precision import Fp32WhereBf16IsSlowRecipe
 from .recipes_rotary import RotaryRecipe
-from .recipes_runtime import AutocastRecipe, EnvKnobRecipe, StatementKnobRecipe, ThreadsRecipe
+from .recipes_runtime import (
+    AutocastRecipe,
+    EnvKnobRecipe,
+    StatementKnobRecipe,
+    ThreadsRecipe,
+)
 from .recipes_sync import HostSyncRecipe
 
 __all__ = ["NotApplicable", "Recipe", "RewriteProposal", "Site", "RECIPES", "recipes_for"]
 
-_ALL = {"cpu", "cuda", "npu"}
+_ALL = set(TARGET_NAMES)
 _CPU_SYNC = "a CPU runs each operator synchronously: a host read costs a scalar copy, there is no queue to drain"
 _CUDA_AS_IS = ("the cuda port keeps the GPU program as written (its torch.compile included): nothing of the "
                "GPU's own to restore")
@@ -113,6 +120,5 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
 
 def recipes_for(pattern: str, target: str) -> list[Recipe]:
     """Recipes that realise `pattern` on `target` (cheapest ladder level first)."""
-    order = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "L6": 6}
     out = [r for r in RECIPES.values() if r.pattern == pattern and target in r.targets]
-    return sorted(out, key=lambda r: order[r.level_for(target)])
+    return sorted(out, key=lambda r: level_rank(r.level_for(target)))

@@ -33,9 +33,20 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from ...pysource.cstutil import (positions, Ref, assigned_names, call_name, code, dim_is_last, expr, is_module_call, kwarg,
-                      method_receiver, num, parens, positional, self_attribute_value, strip_parens, _has_effects, walk,
-                      iter_functions, iter_statements)
+from ...pysource.names import assigned_names
+from ...pysource.scope import Ref, _has_effects
+from ...pysource.shapes import (
+    call_name,
+    dim_is_last,
+    is_module_call,
+    kwarg,
+    method_receiver,
+    num,
+    positional,
+    strip_parens,
+)
+from ...pysource.sites import positions, self_attribute_value, iter_functions, iter_statements
+from ...pysource.syntax import code, expr, parens, walk
 from .expr_engine import Env, ExprRecipe, Match
 
 NPU_MASK_HELPER = '''
@@ -370,7 +381,7 @@ class AttentionRecipe(ExprRecipe):
                 pos = positions(text)
             except Exception:
                 continue
-            from ...pysource.cstutil import functional_alias
+            from ...pysource.imports import functional_alias
             for fi in iter_functions(pos.module):
                 for ss in iter_statements(fi.node, fi.qualname, fi.class_def):
                     env = Env(ss, target, functional_alias(pos.module), pos.module, rel)

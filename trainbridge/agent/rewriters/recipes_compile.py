@@ -29,9 +29,23 @@ import builtins
 import libcst as cst
 import libcst.matchers as m
 
-from ...pysource.cstutil import (positions, Ref, call_name, code, dotted, ensure_imports, expr, is_module_call, kwarg,
-                      load_names, method_receiver, num, positional, strip_parens, walk,
-                      iter_functions, assigned_names, Edits)
+from ...pysource.edits import Edits
+from ...pysource.imports import ensure_imports
+from ...pysource.names import assigned_names, load_names
+from ...pysource.scope import Ref
+from ...pysource.shapes import (
+    call_name,
+    dotted,
+    is_module_call,
+    kwarg,
+    method_receiver,
+    num,
+    positional,
+    strip_parens,
+)
+from ...pysource.sites import iter_functions, positions
+from ...pysource.syntax import code, expr, walk
+from ...targets.registry import target_spec
 from .expr_engine import Env, ExprRecipe, Match
 from .recipe_base import NotApplicable, Recipe, Site
 
@@ -166,7 +180,7 @@ class CompileRegionRecipe(Recipe):
                 edits.sub(fi.node, fi.node.with_changes(decorators=[*fi.node.decorators, dec]))
                 done.extend(s for s in sites if s.qualname == fi.qualname)
         module = edits.apply(pos.module)
-        module = ensure_imports(module, ["import torch"] + (["import torch_npu"] if target == "npu" else []))
+        module = ensure_imports(module, ["import torch", *target_spec(target).runtime_imports])
         notes = [f"compiles {', '.join(sorted(want))} only; first call per input shape pays the compile "
                  "(excluded by the harness's warm-up steps)"]
         if target == "cpu":
@@ -344,7 +358,7 @@ _BUILTINS = set(dir(builtins))
 
 def _without(stmt_node, call):
     """The statement with `call` replaced by a placeholder (to see what else it reads)."""
-    from ...pysource.cstutil import _ReplaceIds
+    from ...pysource.scope import _ReplaceIds
     return stmt_node.visit(_ReplaceIds({id(call): cst.Name("_tb_placeholder")}))
 
 

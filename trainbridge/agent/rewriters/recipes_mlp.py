@@ -21,7 +21,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from ...pysource.cstutil import Ref, call_name, code, expr, is_module_call, is_true, kwarg, method_receiver, positional, strip_parens
+from ...pysource.scope import Ref
+from ...pysource.shapes import call_name, is_module_call, is_true, kwarg, method_receiver, positional, strip_parens
+from ...pysource.syntax import code, expr
 from .expr_engine import Env, ExprRecipe, Match
 from .recipes_norm import square_base
 
@@ -100,7 +102,7 @@ class Relu2Recipe(ExprRecipe):
         d = hit[0]
         relu_call = d.value
         # the relu's result may be read only by this square
-        from ...pysource.cstutil import load_names
+        from ...pysource.names import load_names
         if not (d.index < here.at) or any(load_names(scope.stmts[i])[name.value] for i in range(d.index + 1, here.at)):
             return None
         nxt = [x.index for x in scope.defs.get(name.value, []) if x.index > d.index]

@@ -24,9 +24,23 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from ...pysource.cstutil import (Ref, call_name, code, dim_is_last, expr, flatten_mul, is_module_call, is_true, kwarg,
-                      method_receiver, num, parens, positional, product, self_attribute_value, strip_parens,
-                      load_names, _has_effects)
+from ...pysource.names import load_names
+from ...pysource.scope import Ref, _has_effects
+from ...pysource.shapes import (
+    call_name,
+    dim_is_last,
+    flatten_mul,
+    is_module_call,
+    is_true,
+    kwarg,
+    method_receiver,
+    num,
+    positional,
+    product,
+    strip_parens,
+)
+from ...pysource.sites import self_attribute_value
+from ...pysource.syntax import code, expr, parens
 from .expr_engine import Env, ExprRecipe, Match
 
 CPU_WEIGHTED_HELPER = '''

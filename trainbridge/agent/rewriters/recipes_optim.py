@@ -22,7 +22,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ...pysource.cstutil import positions, Edits, code, dotted, ensure_imports, expr, kwarg, module_aliases, walk
+from ...pysource.edits import Edits
+from ...pysource.imports import ensure_imports, module_aliases
+from ...pysource.shapes import dotted, kwarg
+from ...pysource.sites import positions
+from ...pysource.syntax import code, expr, walk
 from .recipe_base import NotApplicable, Recipe, Site, shorten
 
 _FUSABLE = {"Adam", "AdamW", "SGD"}

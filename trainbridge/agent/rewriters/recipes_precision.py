@@ -16,7 +16,10 @@ from __future__ import annotations
 import libcst as cst
 
 from ...targets.capabilities import fast_bf16
-from ...pysource.cstutil import Edits, code, dotted, kwarg, positional, positions, walk
+from ...pysource.edits import Edits
+from ...pysource.shapes import dotted, kwarg, positional
+from ...pysource.sites import positions
+from ...pysource.syntax import code, walk
 from .recipe_base import NotApplicable, Recipe, Site, shorten
 
 _BF16 = ("torch.bfloat16",)

@@ -29,8 +29,20 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from ...pysource.cstutil import (ITEM, Ref, call_name, code, expr, is_module_call, kwarg, load_names, method_receiver, num,
-                      parens, positional, strip_parens, dim_is_last, _has_effects, iter_functions, function_params)
+from ...pysource.names import load_names
+from ...pysource.scope import ITEM, Ref, _has_effects
+from ...pysource.shapes import (
+    call_name,
+    is_module_call,
+    kwarg,
+    method_receiver,
+    num,
+    positional,
+    strip_parens,
+    dim_is_last,
+)
+from ...pysource.sites import iter_functions, function_params
+from ...pysource.syntax import code, expr, parens
 from .expr_engine import Env, ExprRecipe, Match
 
 
@@ -196,7 +208,7 @@ def _rotate_half_arg(ref: Ref, env: Env, used: set):
         for fi in iter_functions(env.module):
             if fi.qualname == n.func.value and len(function_params(fi.node)) == 1:
                 body = fi.node.body.body if isinstance(fi.node.body, cst.IndentedBlock) else []
-                from ...pysource.cstutil import Scope
+                from ...pysource.scope import Scope
                 sc = Scope(body, params=function_params(fi.node))
                 for i, s in enumerate(body):
                     if m.matches(s, m.SimpleStatementLine(body=[m.Return()])) and s.body[0].value is not None:

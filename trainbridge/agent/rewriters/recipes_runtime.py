@@ -27,11 +27,20 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 
-from ...pysource.cstutil import (positions, Edits, code, dotted, ensure_imports, expr, insert_after_imports, kwarg,
-                      module_aliases, positional, stmt, walk, _is_docstring, _is_future)
+from ...pysource.edits import Edits
+from ...pysource.imports import (
+    _is_docstring,
+    _is_future,
+    ensure_imports,
+    insert_after_imports,
+    module_aliases,
+)
+from ...pysource.shapes import dotted, kwarg, positional
+from ...pysource.sites import positions
+from ...pysource.syntax import code, expr, stmt, walk
 from ...targets.capabilities import fast_bf16
+from ...targets.registry import target_spec
 from .recipe_base import NotApplicable, Recipe, Site, shorten
-
 
 # ------------------------------------------------------------- entry file ----
 
@@ -174,7 +183,7 @@ class _FileKnob(Recipe):
         return mod.code, sites, []
 
     def _imports(self, target: str) -> list[str]:
-        return ["import torch"] + (["import torch_npu"] if target == "npu" else [])
+        return ["import torch", *target_spec(target).runtime_imports]
 
 
 class ThreadsRecipe(_FileKnob):

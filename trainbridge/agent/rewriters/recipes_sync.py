@@ -23,8 +23,12 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from ...pysource.cstutil import (positions, Edits, assigned_names, call_name, code, dotted, insert_after_imports,
-                      iter_functions, load_names, stmt, target_names, walk)
+from ...pysource.edits import Edits
+from ...pysource.imports import insert_after_imports
+from ...pysource.names import assigned_names, load_names, target_names
+from ...pysource.shapes import call_name, dotted
+from ...pysource.sites import positions, iter_functions
+from ...pysource.syntax import code, stmt, walk
 from .recipe_base import Recipe, Site, shorten
 
 LOG_EVERY = 10

@@ -14,7 +14,7 @@ import ast
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ...pysource.cstutil import code
+from ...pysource.syntax import code
 from ..port_source import PortChange, PortTarget
 from ..shims import add_shim, shim_filename
 from . import PortBlocker

@@ -27,6 +27,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..port_source import PortChange, PortTarget
+from ..registry import target_spec
 from ..shims import add_shim, shim_filename
 from . import FeatureResult
 
@@ -191,7 +192,7 @@ def _reads_torchrun_env(text: str) -> bool:
 
 def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
     """Distributed constructs of every Python file, for one rank on the target."""
-    if target == "cuda":
+    if target_spec(target).source_device:
         return FeatureResult(files=dict(files))
     out, changes, shim = {}, [], False
     for rel, text in files.items():
@@ -210,7 +211,7 @@ def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
                 file=rel, line=1, kind="distributed", before="torchrun (RANK, WORLD_SIZE, LOCAL_RANK)",
                 after="the harness as torchrun for one rank",
                 note="RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, MASTER_ADDR/PORT set by the harness: a real one-rank "
-                     + ("gloo" if target == "cpu" else "hccl") + " process group, so the collectives run"))
+                     + target_spec(target).dist_backend + " process group, so the collectives run"))
         changes.extend(tr.changes)
     if shim:
         out = add_shim(out, SHIM)
@@ -220,6 +221,6 @@ def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
 
 
 def _import_shim(module: cst.Module) -> cst.Module:
-    from ...pysource.cstutil import ensure_imports
+    from ...pysource.imports import ensure_imports
 
     return ensure_imports(module, [f"import {SHIM_MODULE}"])

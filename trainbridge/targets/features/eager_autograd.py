@@ -13,6 +13,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..port_source import PortChange, PortTarget
+from ..registry import target_spec
 from ..shims import SHIM_PREFIX
 from . import FeatureResult
 
@@ -81,7 +82,7 @@ class _PadBackward(cst.CSTTransformer):
 
 
 def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
-    if target == "cuda":
+    if target_spec(target).source_device:
         return FeatureResult(files=dict(files))
     out, changes = {}, []
     for rel, text in files.items():

@@ -29,11 +29,21 @@ import re
 
 import libcst as cst
 
-from ...pysource.cstutil import code, dotted, ensure_imports
+from ...pysource.imports import ensure_imports
+from ...pysource.shapes import dotted
+from ...pysource.syntax import code
 from ..port_source import PortTarget
+from ..registry import target_spec
 from ..shims import flash_attention as _shim
 from . import FeatureResult
-from ._attention_port import Recorder, literal_value, run, shim_module, unparseable, with_shim
+from ._attention_port import (
+    Recorder,
+    literal_value,
+    run,
+    shim_module,
+    unparseable,
+    with_shim,
+)
 
 SHIM = "flash_attention"
 INTERFACE = "flash_attn_interface"
@@ -254,7 +264,7 @@ def _port_file(rel: str, text: str):
 
 def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
     """The program with FlashAttention-3 replaced by the shim (module doc); cuda: unchanged."""
-    if target == "cuda":
+    if target_spec(target).source_device:
         return FeatureResult(files=dict(files))
     out, changes, blockers = dict(files), [], []
     replaced = False

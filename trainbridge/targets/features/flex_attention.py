@@ -24,11 +24,22 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ...pysource.cstutil import code, dotted, ensure_imports
+from ...pysource.imports import ensure_imports
+from ...pysource.shapes import dotted
+from ...pysource.syntax import code
 from ..port_source import PortTarget
+from ..registry import target_spec
 from ..shims import flex_attention as _shim
 from . import FeatureResult
-from ._attention_port import Recorder, literal_value, run, shim_module, unparseable, with_shim, without_kwarg
+from ._attention_port import (
+    Recorder,
+    literal_value,
+    run,
+    shim_module,
+    unparseable,
+    with_shim,
+    without_kwarg,
+)
 
 SHIM = "flex_attention"
 FLEX_MODULE = "torch.nn.attention.flex_attention"
@@ -203,7 +214,7 @@ def _port_file(rel: str, text: str) -> tuple[str, _Porter | None, list]:
 
 def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
     """The program with FlexAttention replaced by the shim (module doc); cuda: unchanged."""
-    if target == "cuda":
+    if target_spec(target).source_device:
         return FeatureResult(files=dict(files))
     out, changes, blockers = dict(files), [], []
     replaced = False

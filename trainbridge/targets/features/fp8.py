@@ -15,6 +15,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..port_source import PortChange, PortTarget
+from ..registry import target_spec
 from ..shims import SHIM_PREFIX, add_shim, shim_filename
 from . import FeatureResult
 
@@ -72,7 +73,7 @@ class _Fp8(cst.CSTTransformer):
 
 
 def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
-    if target == "cuda":
+    if target_spec(target).source_device:
         return FeatureResult(files=dict(files))
     out, changes, shim = {}, [], False
     for rel, text in files.items():
@@ -82,7 +83,7 @@ def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
         tr = _Fp8(rel)
         new = MetadataWrapper(cst.parse_module(text)).visit(tr)
         if tr.uses_shim:
-            from ...pysource.cstutil import ensure_imports
+            from ...pysource.imports import ensure_imports
 
             new = ensure_imports(new, [f"import {SHIM_MODULE}"])
             shim = True

@@ -36,6 +36,7 @@ from ..kernels.catalog import CatalogEntry, match_launcher
 from ..kernels.extract import Statement
 from ..kernels.scan import LauncherInfo, ProgramScan, scan_program
 from ..port_source import PortChange, PortTarget
+from ..registry import target_spec
 from ..shims import add_shim, shim_filename
 from . import FeatureResult, PortBlocker
 
@@ -73,7 +74,7 @@ def port(files: dict[str, str], target: PortTarget, *, check: bool = True,
          cache_dir: str | Path | None = None, catalog: list[CatalogEntry] | None = None) -> FeatureResult:
     """Replace every known kernel launcher of `files` by its checked PyTorch replacement.
     `catalog` defaults to `kernels.catalog.ENTRIES`; `cache_dir` to `default_cache_dir()`."""
-    if target == "cuda":
+    if target_spec(target).source_device:
         return FeatureResult(files=dict(files))
     scan = scan_program(files)
     if scan.empty and not scan.launchers:

@@ -18,6 +18,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..port_source import PortChange, PortTarget
+from ..registry import target_spec
 from ..shims import SHIM_PREFIX, add_shim, shim_filename
 from . import FeatureResult
 
@@ -87,7 +88,7 @@ class _Shifts(cst.CSTTransformer):
 
 
 def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
-    if target == "cuda":
+    if target_spec(target).source_device:
         return FeatureResult(files=dict(files))
     out, changes = {}, []
     for rel, text in files.items():
@@ -98,7 +99,7 @@ def port(files: dict[str, str], target: PortTarget) -> FeatureResult:
         tr = _Shifts(rel)
         new = MetadataWrapper(cst.parse_module(text)).visit(tr)
         if tr.changes:
-            from ...pysource.cstutil import ensure_imports
+            from ...pysource.imports import ensure_imports
 
             new = ensure_imports(new, [f"import {SHIM_MODULE}"])
         out[rel] = new.code

@@ -1,7 +1,7 @@
-"""Names of the optimization patterns shared by evidence, planner and rewriters.
+"""The words every stage uses for an optimization: its pattern, its gap class, its ladder level.
 
-An intent names the pattern it found on the GPU; a recipe names the patterns it realises.
-Keeping the vocabulary in one place is what lets the planner join the two.
+An intent names the pattern it found on the GPU; a recipe names the patterns it realises;
+the planner joins the two. Level costs live here too, so ranking and reporting agree.
 """
 
 from typing import Literal
@@ -34,3 +34,16 @@ GapClass = Literal[
 ]
 
 Level = Literal["L0", "L1", "L2", "L3", "L4", "L5", "L6"]
+
+LEVELS: tuple[Level, ...] = ("L0", "L1", "L2", "L3", "L4", "L5", "L6")
+"""The optimization ladder, cheapest first: L0 knobs, L1 removed syncs/casts, L2 a vendor's fused
+operator, L3 a rewrite in plain torch, L4 selective compilation, L5 a custom autograd
+function, L6 a custom kernel."""
+
+LEVEL_COST: dict[Level, float] = {"L0": 1.0, "L1": 1.2, "L2": 1.5, "L3": 2.0, "L4": 2.5, "L5": 4.0, "L6": 8.0}
+"""What climbing to a level costs (risk, code to review): the planner divides a predicted saving by it."""
+
+
+def level_rank(level: str) -> int:
+    """0 for L0 ... 6 for L6; an unknown level sorts after all of them."""
+    return LEVELS.index(level) if level in LEVELS else len(LEVELS)  # type: ignore[arg-type]
