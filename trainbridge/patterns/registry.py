@@ -42,6 +42,12 @@ class PatternSpec(BaseModel):
 
 
 T = TargetOp
+_RMS_NOTE = ("eps=None means torch.finfo(dtype).eps, not the program's eps: pass eps explicitly; "
+             "normalized_shape is a tuple, e.g. (x.size(-1),)")
+_SDPA_NOTE = ("layout (B, heads, T, head_dim); default scale 1/sqrt(head_dim); a bool attn_mask is True where "
+              "attention is ALLOWED; is_causal=True together with attn_mask is an error")
+_CE_NOTE = ("log_softmax + nll_loss in one op; input [N, C]; weight=None, ignore_index=-100, reduction='mean', "
+            "label_smoothing=0.0")
 _COMPILE = {"cpu": (T(api="torch.compile(region)", level="L4"),), "cuda": (T(api="torch.compile(region)", level="L4"),)}
 
 _SPECS = (
@@ -54,9 +60,9 @@ _SPECS = (
             "npu": (T(api="torch_npu.npu_rms_norm(x, gamma, epsilon)[0]", level="L2",
                       note="fp16/bf16/fp32, gamma same dtype as x; has backward; without a weight pass ones"),
                     T(api="torch.compile(region, backend='npu')", level="L4", note="if the vendor op does not fit")),
-            "cpu": (T(api="torch.nn.functional.rms_norm(x, (d,), weight, eps)", level="L2", note="native op"),
+            "cpu": (T(api="torch.nn.functional.rms_norm(x, (d,), weight, eps)", level="L2", note=_RMS_NOTE),
                     T(api="torch.compile(region)", level="L4")),
-            "cuda": (T(api="torch.nn.functional.rms_norm(x, (d,), weight, eps)", level="L2"),
+            "cuda": (T(api="torch.nn.functional.rms_norm(x, (d,), weight, eps)", level="L2", note=_RMS_NOTE),
                      T(api="torch.compile(region)", level="L4")),
         }),
     PatternSpec(
@@ -79,8 +85,10 @@ _SPECS = (
             "npu": (T(api="torch.nn.functional.layer_norm (native on NPU)", level="L2"),
                     T(api="torch_npu.npu_add_layer_norm(x1, x2, gamma, beta, eps)", level="L2",
                       note="when a residual add precedes the norm")),
-            "cpu": (T(api="torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)", level="L2"),),
-            "cuda": (T(api="torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)", level="L2"),),
+            "cpu": (T(api="torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)", level="L2",
+                      note="eps defaults to 1e-05"),),
+            "cuda": (T(api="torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)", level="L2",
+                       note="eps defaults to 1e-05"),),
         }),
     PatternSpec(
         name="rotary", title="rotary embedding (slice / neg / cat / mul / add) fused in one GPU kernel",
@@ -110,9 +118,10 @@ _SPECS = (
                            "mask; output is [0]; D <= 768; skips masked blocks (work domain)"),
                     T(api="torch_npu.npu_scaled_masked_softmax(scores, mask, scale)", level="L2",
                       note="softmax part only; H, W in [32, 4096], multiples of 32")),
-            "cpu": (T(api="torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)", level="L2"),),
+            "cpu": (T(api="torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)", level="L2",
+                      note=_SDPA_NOTE + "; a flash kernel on CPU"),),
             "cuda": (T(api="torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)", level="L2",
-                       note="flash / memory-efficient kernels"),),
+                       note=_SDPA_NOTE + "; flash / memory-efficient kernels"),),
         }),
     PatternSpec(
         name="relu2", title="ReLU² MLP activation fused in one GPU kernel", gap_class="fusion", level="L4",
@@ -130,7 +139,10 @@ _SPECS = (
         signature_ops=frozenset({"silu", "sigmoid", "exp", "neg", "split", "chunk"}),
         target_ops={
             "npu": (T(api="torch_npu.npu_swiglu(x, dim=-1)", level="L2", note="input is cat([a, b]); has backward"),),
-            **_COMPILE,
+            "cpu": (T(api="torch.nn.functional.silu(a) * b", level="L3", note="one fused activation, not x * sigmoid(x)"),
+                    *_COMPILE["cpu"]),
+            "cuda": (T(api="torch.nn.functional.silu(a) * b", level="L3", note="one fused activation, not x * sigmoid(x)"),
+                     *_COMPILE["cuda"]),
         }),
     PatternSpec(
         name="gelu", title="GELU fused in one GPU kernel", gap_class="fusion", level="L2",
@@ -139,8 +151,10 @@ _SPECS = (
         target_ops={
             "npu": (T(api="torch_npu.npu_gelu(x, approximate='none'|'tanh')", level="L2"),
                     T(api="torch_npu.npu_geglu(x, dim=-1, approximate=1)", level="L2", note="when gelu(a) * b")),
-            "cpu": (T(api="torch.nn.functional.gelu(x, approximate='tanh')", level="L2"),),
-            "cuda": (T(api="torch.nn.functional.gelu(x, approximate='tanh')", level="L2"),),
+            "cpu": (T(api="torch.nn.functional.gelu(x, approximate='tanh')", level="L2",
+                      note="approximate='none' (erf) or 'tanh': keep the program's form"),),
+            "cuda": (T(api="torch.nn.functional.gelu(x, approximate='tanh')", level="L2",
+                       note="approximate='none' (erf) or 'tanh': keep the program's form"),),
         }),
     PatternSpec(
         name="softcap_cross_entropy", title="tanh softcap + cross-entropy fused on the GPU",
@@ -163,8 +177,8 @@ _SPECS = (
         signature_ops=frozenset({"_log_softmax", "nll_loss_forward", "prepare_softmax_online", "gather", "log"}),
         target_ops={
             "npu": (T(api="torch_npu.npu_cross_entropy_loss(logits, target)[0]", level="L2"),),
-            "cpu": (T(api="torch.nn.functional.cross_entropy", level="L2"),),
-            "cuda": (T(api="torch.nn.functional.cross_entropy", level="L2"),),
+            "cpu": (T(api="torch.nn.functional.cross_entropy", level="L2", note=_CE_NOTE),),
+            "cuda": (T(api="torch.nn.functional.cross_entropy", level="L2", note=_CE_NOTE),),
         }),
     PatternSpec(
         name="optimizer_update", title="optimizer update: per-parameter loop fused by the compiler",
@@ -176,15 +190,25 @@ _SPECS = (
                       note="zero_grad(set_to_none=True) raises; parameters must not be recreated"),
                     T(api="torch.compile(optimizer math, backend='npu')", level="L4",
                       note="custom optimizers (Muon: Newton-Schulz)")),
-            "cpu": (T(api="torch.optim.AdamW(..., foreach=True) or fused=True", level="L0"),
+            "cpu": (T(api="torch.optim.AdamW(..., foreach=True) or fused=True", level="L0",
+                      note="fused=True needs floating-point parameters; either replaces the per-parameter loop"),
+                    T(api="torch.addcmul / torch.addcdiv / torch.lerp / torch._foreach_*", level="L3",
+                      note="fused pointwise maths for a hand-written optimizer"),
                     T(api="torch.compile(optimizer.step)", level="L4")),
-            "cuda": (T(api="torch.optim.AdamW(..., fused=True)", level="L0"),
+            "cuda": (T(api="torch.optim.AdamW(..., fused=True)", level="L0", note="one multi-tensor kernel for the update"),
                      T(api="torch.compile(optimizer.step)", level="L4")),
         }),
     PatternSpec(
         name="precision", title="the GPU program's autocast / dtype, lost in the port",
         gap_class="precision", level="L0",
-        eager_ops=tuple(sorted(profiler_names(MATMUL | {"convolution"} | CONVOLUTION_BACKWARD))), removable_share=0.4),
+        eager_ops=tuple(sorted(profiler_names(MATMUL | {"convolution"} | CONVOLUTION_BACKWARD))), removable_share=0.4,
+        target_ops={
+            "cpu": (T(api="torch.autocast(device_type='cpu', dtype=torch.bfloat16)", level="L0",
+                      note="bf16 matmuls on CPU: a precision change, only to restore what the GPU program did"),),
+            "cuda": (T(api="torch.autocast(device_type='cuda', dtype=torch.bfloat16)", level="L0",
+                       note="torch.backends.cuda.matmul.allow_tf32 is a precision change too: only when the GPU "
+                            "program used it"),),
+        }),
     PatternSpec(
         name="host_sync", title=".item() / .tolist() / .cpu() / synchronize inside the step",
         gap_class="sync", level="L1",
@@ -194,8 +218,16 @@ _SPECS = (
         eager_ops=("aten::_to_copy", "aten::copy_"), removable_share=0.5),
     PatternSpec(name="threads", title="runtime knobs: threads, allocator, task queue", gap_class="dispatch",
                 level="L0", removable_share=0.0),
-    PatternSpec(name="compile_region", title="selective torch.compile of one region", gap_class="fusion",
-                level="L4", removable_share=0.0),
+    PatternSpec(
+        name="compile_region", title="selective torch.compile of one region", gap_class="fusion", level="L4",
+        removable_share=0.0,
+        target_ops={
+            "cpu": (T(api="torch.compile(fn, fullgraph=False, dynamic=None, mode=None)", level="L4",
+                      note="compile ONE region; the first steps pay compilation (warm-up steps absorb it); graph "
+                           "breaks show as extra ops"),),
+            "cuda": (T(api="torch.compile(fn, fullgraph=False, dynamic=None, mode=None)", level="L4",
+                       note="Inductor/Triton for ONE region"),),
+        }),
     PatternSpec(
         name="pointwise_chain", title="chain of elementwise ops fused in one GPU kernel", gap_class="fusion",
         level="L4", eager_ops=("aten::mul", "aten::add", "aten::div", "aten::sub"), removable_share=0.3,
