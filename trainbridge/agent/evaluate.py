@@ -3,19 +3,23 @@
 Validation order is cheapest first: parse, guard (protected regions, forbidden calls),
 one short run from the baseline's seed (it must import and train), loss trajectory
 against the baseline, work conservation (work items and FLOPs per step), and the
-mechanism check (did the operators the hypothesis named actually go away?). Timing comes
-after, through `measure.timing`.
+region check (each function the candidate rewrote against the original on fresh inputs,
+`measure.region_check`) and the mechanism check (did the operators the hypothesis named
+actually go away?). Timing comes after, through `measure.timing`.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from ..harness.models import RunResult
-from ..harness.runner import run_workload
+from ..harness.runner import run_workload, sources_digest
 from ..measure.correctness import compare_losses
+from ..measure.region_check import PLUGIN as REGION_PLUGIN
+from ..measure.region_check import changed_regions, read_results
 from ..measure.work import check_work
 from ..workload import Workload
 
@@ -28,11 +32,26 @@ class Validation(BaseModel):
 
 
 def reference_run(workload: Workload, target: str, files: dict[str, str], out_dir: Path, *, seed: int,
-                  label: str, npu_reference: bool = False) -> RunResult:
+                  label: str, npu_reference: bool = False, plugins: list[str] | None = None,
+                  plugin_options: dict[str, str] | None = None) -> RunResult:
     """The short run every validation compares against: K steps from the seed, ops and FLOPs counted."""
     k = workload.manifest.correctness.steps
     return run_workload(workload, target, out_dir=out_dir, label=label, sources=files, warmup_steps=0,
-                        measured_steps=k, count_ops=True, count_flops=True, seed=seed, npu_reference=npu_reference)
+                        measured_steps=k, count_ops=True, count_flops=True, seed=seed, npu_reference=npu_reference,
+                        plugins=plugins, plugin_options=plugin_options)
+
+
+def _region_check_options(original: dict[str, str], candidate: dict[str, str], changed: list[str], out_dir: Path,
+                          low_precision: bool) -> dict[str, str] | None:
+    """The region-check plugin's options for this candidate, or None when it changed no checkable function."""
+    regions = changed_regions(original, candidate, changed)
+    if not regions:
+        return None
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"regions-{sources_digest(candidate)}"
+    Path(f"{stem}.json").write_text(json.dumps([r.model_dump() for r in regions]))
+    return {"regions_path": f"{stem}.json", "out": f"{stem}.results.json", "low_precision": "1" if low_precision else "0"}
 
 
 def _parses(files: dict[str, str], changed: list[str]) -> str | None:
@@ -107,10 +126,18 @@ def validate(
         v = errors[0]
         return Validation(passed=False, stage="guard", reason=f"{v.rule}: {v.message} ({v.file}:{v.line})",
                           details={"violations": len(errors)}), None
-    run = reference_run(workload, target, candidate, out_dir, seed=seed, label="validate", npu_reference=npu_reference)
+    regions = _region_check_options(original, candidate, changed, out_dir, low_precision)
+    run = reference_run(workload, target, candidate, out_dir, seed=seed, label="validate", npu_reference=npu_reference,
+                        plugins=[REGION_PLUGIN] if regions else None, plugin_options=regions)
     if run.status != "ok":
         return Validation(passed=False, stage="import",
                           reason=f"candidate run {run.status}: {(run.error or '')[:600]}"), run
+    region_results = read_results(run.plugin_outputs.get("region_check"))
+    region_note = {"regions": "; ".join(f"{r.qualname}: {r.reason}" for r in region_results)} if region_results else {}
+    failed = next((r for r in region_results if r.checked and not r.passed), None)
+    if failed is not None:  # before the loss: it names the function, where a drifting loss names none
+        return Validation(passed=False, stage="lab", reason=f"{failed.file}:{failed.qualname} differs from the "
+                          f"original on fresh inputs: {failed.reason}", details=region_note), run
     c = m.correctness
     loss = compare_losses(baseline_ref.losses, run.losses, rtol_fp32=c.fp32_rtol,
                           rtol_low_precision=c.low_precision_rtol, low_precision=low_precision, steps=c.steps)
@@ -126,6 +153,7 @@ def validate(
         # The method: verify the mechanism before the objective. Timing a change that did not
         # do what it claimed can only find noise.
         return Validation(passed=False, stage="mechanism", reason=f"mechanism not confirmed: {note}",
-                          details={"mechanism_confirmed": False, "mechanism": note, "loss": loss.reason}), run
-    return Validation(passed=True, stage="work", reason="parse, guard, run, loss and work checks passed",
-                      details={"mechanism_confirmed": fell, "mechanism": note, "loss": loss.reason}), run
+                          details={"mechanism_confirmed": False, "mechanism": note, "loss": loss.reason,
+                                   **region_note}), run
+    return Validation(passed=True, stage="work", reason="parse, guard, run, loss, work and region checks passed",
+                      details={"mechanism_confirmed": fell, "mechanism": note, "loss": loss.reason, **region_note}), run

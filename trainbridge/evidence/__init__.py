@@ -19,7 +19,7 @@ from __future__ import annotations
 _EXPORTS = {
     "EvidenceBundle": "bundle", "write_schema": "bundle", "render_summary": "bundle",
     "RawCapture": "raw",
-    "capture_step": "capture", "InductorCapturePlugin": "capture", "CaptureSession": "capture",
+    "capture_step": "capture", "InductorCapturePlugin": "capture", "CaptureSession": "capture_session",
     "collect_inprocess": "api", "build_bundle": "api", "import_debug_output": "importer",
     "collect_workload": "collect",
 }

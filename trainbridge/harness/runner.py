@@ -210,7 +210,8 @@ def port_sources(workload: Workload, target: TargetName) -> tuple[dict[str, str]
 
 def port_workload(workload: Workload, target: TargetName):
     """The whole port (`targets.port_source.PortResult`: files, changes, blockers)."""
-    from ..targets.port_source import PortResult, port_program
+    from ..targets.port_models import PortResult
+    from ..targets.port_source import port_program
 
     files = {rel: (workload.root / rel).read_text() for rel in workload.source_files()}
     if target == workload.manifest.native_device:

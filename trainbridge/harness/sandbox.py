@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import site
 import sys
 import sysconfig
 import tempfile
@@ -34,6 +35,10 @@ _NETWORK_EVENTS = frozenset({"socket.connect", "socket.bind", "socket.sendto", "
 _WATCHED = _PROCESS_EVENTS | _NETWORK_EVENTS | {"open", "os.truncate", "ctypes.dlopen"}
 _STDLIB = tuple(str(Path(p).resolve()) + os.sep for p in {sysconfig.get_paths()["stdlib"],
                                                             sysconfig.get_paths()["platstdlib"]})
+_LIBRARIES = tuple(str(Path(p).resolve()) + os.sep for p in {*site.getsitepackages(), site.getusersitepackages(),
+                                                               sysconfig.get_paths()["purelib"],
+                                                               sysconfig.get_paths()["platlib"]})
+"""Installed packages (site-packages sits inside the standard library's folder: it is not stdlib)."""
 
 
 class SandboxViolation(PermissionError):
@@ -86,10 +91,11 @@ class Sandbox:
         f = sys._getframe(2)
         while f is not None:
             name = f.f_code.co_filename
-            if name == __file__ or name.startswith("<frozen") or _under(os.path.realpath(name), _STDLIB):
+            real = os.path.realpath(name)
+            if name == __file__ or name.startswith("<frozen") or (_under(real, _STDLIB)
+                                                                   and not _under(real, _LIBRARIES)):
                 f = f.f_back
                 continue
-            real = os.path.realpath(name)
             return f"{os.path.relpath(real, self.program_dir)}:{f.f_lineno}" if real.startswith(self.program_dir) \
                 else None
         return None

@@ -224,7 +224,8 @@ def _trial(reference_fn, candidate_fn, inputs: list, gen: torch.Generator, t: in
                             reason="candidate output is detached from the inputs (no autograd graph)")
         # A random cotangent, not out.sum(): the gradient of sum() is blind to some errors
         # (softmax's is exactly zero).
-        cot = [torch.randn(r.shape, generator=gen, dtype=torch.float32).to(r.dtype) for _, r in pairs]
+        cot = [torch.randn(r.shape, generator=gen, dtype=torch.float32).to(device=r.device, dtype=r.dtype)
+               for _, r in pairs]
         g_r = torch.autograd.grad([r for _, r in pairs], [ins_r[i] for i in wants], cot, allow_unused=True)
         try:
             g_c = torch.autograd.grad([c for c, _ in pairs], [ins_c[i] for i in wants], cot, allow_unused=True)

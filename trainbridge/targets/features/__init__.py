@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 __all__ = ["FeatureName", "FeaturePort", "FeatureResult", "PortBlocker", "PortChange"]
 
-from ..port_source import PortBlocker, PortChange, PortTarget
+from ..port_models import PortBlocker, PortChange, PortTarget
 
 
 class FeatureResult(BaseModel):

@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ...pysource.syntax import code
-from ..port_source import PortChange, PortTarget
+from ..port_models import PortChange, PortTarget
 from ..shims import add_shim, shim_filename
 from . import PortBlocker
 

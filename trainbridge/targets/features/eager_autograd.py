@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ..port_source import PortChange, PortTarget
+from ..port_models import PortChange, PortTarget
 from ..registry import target_spec
 from ..shims import SHIM_PREFIX
 from . import FeatureResult

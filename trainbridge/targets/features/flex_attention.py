@@ -27,7 +27,7 @@ import libcst as cst
 from ...pysource.imports import ensure_imports
 from ...pysource.shapes import dotted
 from ...pysource.syntax import code
-from ..port_source import PortTarget
+from ..port_models import PortTarget
 from ..registry import target_spec
 from ..shims import flex_attention as _shim
 from . import FeatureResult

@@ -14,7 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ..port_source import PortChange, PortTarget
+from ..port_models import PortChange, PortTarget
 from ..registry import target_spec
 from ..shims import SHIM_PREFIX, add_shim, shim_filename
 from . import FeatureResult

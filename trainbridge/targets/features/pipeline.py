@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import re
 
-from ..port_source import PortBlocker, PortResult
+from ..port_models import PortBlocker, PortResult
 from ..shims import SHIM_PREFIX
 
 ORDER = ("triton_kernels", "flash_attention", "flex_attention", "distributed", "fp8", "unsigned_shifts",

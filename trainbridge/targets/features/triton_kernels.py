@@ -35,7 +35,7 @@ from ..kernel_check import KernelCheckResult, request_for, run_checks
 from ..kernels.catalog import CatalogEntry, match_launcher
 from ..kernels.extract import Statement
 from ..kernels.scan import LauncherInfo, ProgramScan, scan_program
-from ..port_source import PortChange, PortTarget
+from ..port_models import PortChange, PortTarget
 from ..registry import target_spec
 from ..shims import add_shim, shim_filename
 from . import FeatureResult, PortBlocker

@@ -1,0 +1,157 @@
+"""What a harness child inherits, tried with the program that would abuse it.
+
+Each test runs the tiny harness program with a few lines prepended: it reads a credential
+from its environment, floods its output, or leaves processes behind. The harness must
+withhold the credential, bound the output, and end every process the program started.
+"""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from trainbridge.harness.child_env import SECRET_NAME, child_environment, read_tail
+from trainbridge.harness.runner import run_workload
+from trainbridge.workload import load_workload
+
+from tests.kits.paths import FIXTURES
+
+TINY = FIXTURES / "harness" / "tiny"
+HEAD = "import torch.nn.functional as F\n"
+
+
+def _program(prelude: str) -> dict[str, str]:
+    text = (TINY / "train.py").read_text()
+    assert HEAD in text
+    return {"train.py": text.replace(HEAD, HEAD + prelude, 1)}
+
+
+def _tiny(sandbox: bool = True):
+    wl = load_workload(TINY)
+    m = wl.manifest.model_copy(update={"limits": wl.manifest.limits.model_copy(update={"sandbox": sandbox})})
+    return wl.model_copy(update={"manifest": m})
+
+
+def _run(tmp_path, prelude: str, sandbox: bool = True, **kwargs):
+    return run_workload(_tiny(sandbox), "cpu", out_dir=tmp_path, sources=_program(prelude),
+                        warmup_steps=1, measured_steps=2, **kwargs)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("name", ["OPENAI_API_KEY", "OPENAI_BASE_URL", "GITHUB_TOKEN", "MY_SERVICE_SECRET",
+                                  "DB_PASSWORD", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY"])
+def test_credential_names_are_withheld(name):
+    assert SECRET_NAME.search(name)
+    assert name not in child_environment({name: "x", "PATH": "/bin"}, {})
+
+
+@pytest.mark.parametrize("name", ["PATH", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "KMP_AFFINITY",
+                                  "TASK_QUEUE_ENABLE", "ASCEND_OPP_PATH", "PYTORCH_NPU_ALLOC_CONF", "KEYBOARD"])
+def test_the_runtime_knobs_a_program_needs_pass(name):
+    assert child_environment({name: "1"}, {}) == {name: "1"}
+
+
+def test_a_program_cannot_read_the_llm_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
+    monkeypatch.setenv("TINY_VISIBLE", "yes")
+    r = _run(tmp_path, "import os as _o\nprint('seen', _o.environ.get('OPENAI_API_KEY'), "
+                       "_o.environ.get('TINY_VISIBLE'), flush=True)\n")
+    assert r.status == "ok", r.error
+    assert "seen None yes" in r.stdout_tail
+    assert "sk-must-not-leak" not in r.stdout_tail + r.stderr_tail
+
+
+def test_a_print_flood_ends_the_run_at_the_file_size_limit(tmp_path):
+    flood = "import sys as _s\n_line = 'x' * 1023 + '\\n'\nfor _ in range(10 * 1024):\n    _s.stdout.write(_line)\n"
+    r = _run(tmp_path, flood, max_file_mb=2)
+    assert r.status == "crashed", r.status
+    logs = list(Path(tmp_path).rglob("*.stdout.log"))
+    assert logs and all(p.stat().st_size <= 2 * 2**20 for p in logs)
+    assert "File too large" in r.error or "MiB limit" in r.error, r.error
+
+
+def test_background_processes_end_with_the_run(tmp_path):
+    # one in the child's process group, one that left it (setsid): neither may outlive the run
+    prelude = ("import subprocess as _sp\n"
+               "_a = _sp.Popen(['sleep', '300'])\n"
+               "_b = _sp.Popen(['sleep', '300'], start_new_session=True)\n"
+               "print('pids', _a.pid, _b.pid, flush=True)\n")
+    r = _run(tmp_path, prelude, sandbox=False)  # the sandbox would refuse the Popen itself
+    assert r.status == "ok", r.error
+    pids = [int(p) for p in r.stdout_tail.split("pids", 1)[1].split()[:2]]
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), [p for p in pids if _alive(p)]
+
+
+def test_ctrl_c_in_the_parent_ends_the_child(tmp_path):
+    seen = []
+
+    def interrupt(step):
+        seen.append(step)
+        raise KeyboardInterrupt
+
+    prelude = "import os as _o\nprint('child', _o.getpid(), flush=True)\n"
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, prelude, on_step=interrupt)
+    assert seen
+    out = next(Path(tmp_path).rglob("*.stdout.log")).read_text()
+    pid = int(out.split("child", 1)[1].split()[0])
+    time.sleep(0.2)
+    assert not _alive(pid)
+
+
+def test_read_tail_reads_only_the_end(tmp_path):
+    p = tmp_path / "big.log"
+    p.write_bytes(b"a" * 5000 + b"END")
+    assert read_tail(p, 10) == "a" * 7 + "END"
+    assert read_tail(tmp_path / "missing.log") == ""
+    assert os.path.getsize(p) == 5003
+
+
+@pytest.mark.parametrize("attack, refused", [
+    ("open('trainbridge.toml', 'w').write('name = \"pwned\"')", "may not write"),  # a link to the user's file
+    ("import os as _o\n_o.system('true')", "may not start a process"),
+    ("import subprocess as _sp\n_sp.run(['true'])", "may not start a process"),
+    ("import socket as _so\n_so.create_connection(('192.0.2.1', 80), timeout=0.1)", "network connection"),
+    ("import ctypes as _c\n_c.CDLL(None)", "load a library"),
+])
+def test_the_sandbox_refuses_what_a_program_may_not_do(tmp_path, attack, refused):
+    r = _run(tmp_path, attack + "\n")
+    assert r.status == "crashed" and "SandboxViolation" in r.error and refused in r.error, r.error
+    assert "pwned" not in (TINY / "trainbridge.toml").read_text()
+
+
+def test_the_sandbox_lets_a_program_write_its_own_files_and_libraries_work(tmp_path):
+    prelude = ("import os as _o, torch as _t\n"
+               "_o.makedirs('logs', exist_ok=True)\n"
+               "open('logs/run.txt', 'w').write('ok')\n"
+               "_t.save({'w': _t.ones(2)}, 'ckpt.pt')\n"
+               "import tempfile as _tf\n_tf.NamedTemporaryFile().close()\n")
+    r = _run(tmp_path, prelude)
+    assert r.status == "ok", r.error
+
+
+def test_a_manifest_can_turn_the_sandbox_off(tmp_path):
+    r = _run(tmp_path, "import os as _o\n_o.system('true')\n", sandbox=False)
+    assert r.status == "ok", r.error
+
+
+def test_libraries_may_start_processes_for_the_program_torch_compile_included(tmp_path):
+    # Inductor searches for and runs the C++ compiler through subprocess; site-packages sits
+    # inside the standard library's folder, and must not be mistaken for it.
+    prelude = ("import torch as _t\n"
+               "_f = _t.compile(lambda x: (x * 2).sin() + 1)\n"
+               "print('compiled', round(float(_f(_t.ones(4)).sum()), 3), flush=True)\n")
+    r = _run(tmp_path, prelude)
+    assert r.status == "ok", r.error
+    assert "compiled 7.637" in r.stdout_tail

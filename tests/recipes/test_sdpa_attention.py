@@ -1,0 +1,210 @@
+"""sdpa_attention: sites on nanogpt and other attention idioms, mask kinds, same math, the npu
+variant (npu_fusion_attention), clear refusals."""
+
+import textwrap
+
+import pytest
+import torch
+
+from trainbridge.agent.rewriters.recipes import RECIPES, NotApplicable
+
+from tests.kits import recipe_testkit as kit
+from tests.kits.recipe_testkit import applied as _apply
+from tests.kits.recipe_testkit import exec_ns as _ns
+from tests.kits.recipe_testkit import needs_nanogpt
+from tests.kits.recipe_testkit import output_and_grads as _run
+
+torch.manual_seed(0)
+
+IDIOMS = kit.read("idioms_gpt.py")
+NANO = kit.nanogpt_source()
+
+
+ATTENTION_IDIOMS = {
+    "operator_matmul_masked_fill_buffer": """
+        import math, torch
+        def attn(q, k, v, mask):
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(mask, float("-inf"))
+            att = att.softmax(dim=-1)
+            y = att @ v
+            return y
+    """,
+    "torch_matmul_divide_tril_chained_output": """
+        import torch
+        import torch.nn.functional as F
+        def attn(q, k, v, mask):
+            scores = torch.matmul(q, k.transpose(-1, -2)) / (k.size(-1) ** 0.5)
+            scores = scores.masked_fill(~mask, float("-inf"))
+            probs = F.softmax(scores, dim=-1)
+            return_value = torch.matmul(probs, v).transpose(1, 2)
+            return return_value
+    """,
+}
+
+
+@pytest.mark.parametrize("idiom", ATTENTION_IDIOMS)
+def test_attention_recipe_on_idioms(idiom):
+    src = textwrap.dedent(ATTENTION_IDIOMS[idiom])
+    out = RECIPES["sdpa_attention"].apply({"p.py": src}, "cpu")
+    assert not isinstance(out, NotApplicable), out
+    new = out.files["p.py"]
+    assert "scaled_dot_product_attention" in new and "softmax" not in new
+    a, b = _ns(src), _ns(new)
+    q, k, v = (torch.randn(2, 3, 8, 4, requires_grad=True) for _ in range(3))
+    T = 8
+    triu = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    mask = triu if "buffer" in idiom else ~triu  # second idiom masks where the tril mask is False
+    ya, yb = a["attn"](q, k, v, mask), b["attn"](q, k, v, mask)
+    torch.testing.assert_close(yb, ya, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_with_dropout_is_not_rewritten():
+    src = textwrap.dedent("""
+        import torch
+        def attn(q, k, v, mask, drop):
+            att = (q @ k.transpose(-2, -1)) * 0.5
+            att = att.masked_fill(mask, float("-inf"))
+            att = att.softmax(dim=-1)
+            att = drop(att)
+            y = att @ v
+            return y
+    """)
+    out = RECIPES["sdpa_attention"].apply({"p.py": src}, "cpu")
+    assert isinstance(out, NotApplicable)
+
+
+def _qkv(B=2, H=2, T=8, D=16, dtype=torch.float32):
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(B, H, T, D, generator=g, dtype=dtype).requires_grad_() for _ in range(3)]
+
+
+def test_attention_sites_and_mask_kinds_on_other_idioms():
+    new, out = _apply("sdpa_attention", IDIOMS, "cpu")
+    kinds = {s.qualname: s.detail["mask"] for s in out.sites}
+    assert kinds["Attn.forward"] == "tril(ones) == 0"  # registered tril buffer, sliced [:, :, :T, :T]
+    assert kinds["attn_additive"].startswith("triu(full(-inf)")
+    assert kinds["attn_padded"].startswith("explicit bool")  # not causal: passed as an explicit mask
+    assert "AttnDrop.forward" not in kinds  # dropout between softmax and @ v
+    assert "is_causal=True" in new and "attn_mask=~pad[:, None, None, :]" in new
+    assert new.count("softmax(") == 1 and "self.drop(s.softmax(-1))" in new  # only AttnDrop keeps one
+
+
+@pytest.mark.parametrize("fn", ["attn_additive", "attn_padded", "Attn"])
+def test_attention_rewrites_compute_the_same(fn):
+    new, _ = _apply("sdpa_attention", IDIOMS, "cpu")
+    a, b = kit.load(IDIOMS), kit.load(new)
+    q, k, v = _qkv()
+    if fn == "Attn":
+        torch.manual_seed(0); ma = a["Attn"]()
+        torch.manual_seed(0); mb = b["Attn"]()
+        x = torch.randn(2, 8, 32, requires_grad=True)
+        kit.assert_close_and_aligned(_run(ma, x), _run(mb, x))
+        return
+    args = (q, k, v) if fn == "attn_additive" else (q, k, v, torch.tensor([[False] * 6 + [True] * 2, [False] * 8]))
+    kit.assert_close_and_aligned(_run(a[fn], *args), _run(b[fn], *args))
+
+
+@pytest.mark.parametrize("npu", kit.NPU_KINDS)
+def test_attention_npu_variant_uses_the_compressed_causal_mask(npu):
+    new, out = _apply("sdpa_attention", IDIOMS, "npu")
+    assert 'sparse_mode=2' in new and "_tb_npu_causal_mask(q.device)" in new and "sparse_mode=0" in new
+    a = kit.load(IDIOMS)
+    q, k, v = _qkv()
+    pad = torch.tensor([[False] * 6 + [True] * 2, [False] * 8])
+    with kit.fake_npu(npu):
+        b = kit.load(new)
+        kit.assert_close_and_aligned(_run(a["attn_additive"], q, k, v), _run(b["attn_additive"], q, k, v))
+        kit.assert_close_and_aligned(_run(a["attn_padded"], q, k, v, pad), _run(b["attn_padded"], q, k, v, pad))
+        mask = b["_tb_npu_causal_mask"](q.device)
+        assert mask.shape == (2048, 2048) and mask.dtype == torch.bool and mask[0, 1] and not mask[1, 0]
+
+
+@needs_nanogpt
+@pytest.mark.parametrize("target", ["cpu", "npu"])
+def test_attention_on_nanogpt_whole_model(target):
+    new, out = _apply("sdpa_attention", NANO, target, "train_gpt.py")
+    assert len(out.sites) == 1 and out.sites[0].qualname == "CausalSelfAttention.forward"
+    if target == "cpu":
+        assert "is_causal=True" in new
+    la, ga = kit.nanogpt_loss_and_grads(NANO)
+    lb, gb = kit.nanogpt_loss_and_grads(new, npu="standin" if target == "npu" else None)
+    kit.assert_close_and_aligned([la, *ga], [lb, *gb], atol=2e-5, rtol=2e-4)
+
+
+def test_attention_not_applicable_reasons():
+    drop = ("import torch\ndef f(q, k, v, drop):\n    s = (q @ k.transpose(-2, -1)) * 0.5\n"
+            "    T = q.size(-2)\n    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))\n"
+            "    return drop(s.softmax(-1)) @ v\n")
+    out = RECIPES["sdpa_attention"].apply({"p.py": drop}, "cpu")
+    assert isinstance(out, NotApplicable) and "dropout" in out.reason
+    zero_fill = ("import torch\ndef f(q, k, v, m):\n    s = (q @ k.transpose(-2, -1)) * 0.5\n"
+                 "    s = s.masked_fill(m, 0.0)\n    return s.softmax(-1) @ v\n")
+    out = RECIPES["sdpa_attention"].apply({"p.py": zero_fill}, "cpu")
+    assert isinstance(out, NotApplicable) and "not -inf" in out.reason
+    kept = ("import torch\ndef f(q, k, v):\n    s = (q @ k.transpose(-2, -1)) * 0.5\n    T = q.size(-2)\n"
+            "    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))\n"
+            "    p = s.softmax(-1)\n    return p @ v, p\n")  # the weights are returned too
+    out = RECIPES["sdpa_attention"].apply({"p.py": kept}, "cpu")
+    assert isinstance(out, NotApplicable) and "also used elsewhere" in out.reason
+    out = RECIPES["sdpa_attention"].apply({"p.py": kit.read("plain_mlp.py")}, "cpu")
+    assert isinstance(out, NotApplicable) and "no hand-written" in out.reason
+
+
+CLIP_STYLE = """import torch
+import torch.nn.functional as F
+
+
+def attn_optional(q, k, v, scale, mask=None):
+    att = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        att = att + mask
+    att = att.softmax(dim=-1)
+    return att @ v
+
+
+def attn_full(q, k, v):
+    s = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+    return torch.softmax(s, dim=-1) @ v
+
+
+def attn_optional_scores_kept(q, k, v, mask=None):
+    att = q @ k.transpose(-2, -1)
+    if mask is not None:
+        att = att + mask
+    raw = att
+    att = att.softmax(dim=-1)
+    return att @ v, raw
+"""
+
+
+def test_attention_optional_additive_mask_and_full_attention_compute_the_same():
+    """A CLIP/ViT tower: `if mask is not None: att = att + mask`, and attention with no mask."""
+    new, out = _apply("sdpa_attention", CLIP_STYLE, "cpu")
+    kinds = {s.qualname: s.detail["mask"] for s in out.sites}
+    assert kinds == {"attn_optional": "explicit optional additive: mask", "attn_full": "none (full attention)"}
+    assert "if mask is not None" in new.split("def attn_optional_scores_kept")[1]  # the kept scores stay eager
+    assert "if mask is not None" not in new.split("def attn_full")[0]  # the optional `if` is gone
+    assert "attn_mask=mask" in new and "is_causal" not in new
+    a, b = kit.load(CLIP_STYLE), kit.load(new)
+    q, k, v = _qkv()
+    causal = torch.full((8, 8), float("-inf")).triu(1)
+    for mask in (None, causal):
+        kit.assert_close_and_aligned(_run(a["attn_optional"], q, k, v, 0.3, mask),
+                                     _run(b["attn_optional"], q, k, v, 0.3, mask))
+    kit.assert_close_and_aligned(_run(a["attn_full"], q, k, v), _run(b["attn_full"], q, k, v))
+
+
+@pytest.mark.parametrize("npu", kit.NPU_KINDS)
+def test_attention_full_on_npu_and_additive_mask_refused(npu):
+    new, out = _apply("sdpa_attention", CLIP_STYLE, "npu")
+    assert [s.qualname for s in out.sites] == ["attn_full"]
+    assert 'npu_fusion_attention(q, k, v, q.size(1), "BNSD", scale=' in new and "atten_mask" not in new
+    a = kit.load(CLIP_STYLE)
+    q, k, v = _qkv()
+    with kit.fake_npu(npu):
+        b = kit.load(new)
+        kit.assert_close_and_aligned(_run(a["attn_full"], q, k, v), _run(b["attn_full"], q, k, v))
+    only_optional = CLIP_STYLE.split("def attn_full")[0]
+    refused = RECIPES["sdpa_attention"].apply({"p.py": only_optional}, "npu")
+    assert isinstance(refused, NotApplicable) and "bool masks only" in refused.reason
