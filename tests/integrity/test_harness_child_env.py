@@ -6,6 +6,7 @@ withhold the credential, bound the output, and end every process the program sta
 """
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -27,14 +28,19 @@ def _program(prelude: str) -> dict[str, str]:
     return {"train.py": text.replace(HEAD, HEAD + prelude, 1)}
 
 
-def _tiny(sandbox: bool = True):
-    wl = load_workload(TINY)
+def _tiny(tmp_path, sandbox: bool = True):
+    """A copy of the tiny workload under the temporary folder: a user's workload can lie anywhere,
+    /tmp included (where the sandbox allows scratch writes), and an attack must not reach it there."""
+    root = tmp_path / "workload"
+    if not root.exists():
+        shutil.copytree(TINY, root)
+    wl = load_workload(root)
     m = wl.manifest.model_copy(update={"limits": wl.manifest.limits.model_copy(update={"sandbox": sandbox})})
     return wl.model_copy(update={"manifest": m})
 
 
 def _run(tmp_path, prelude: str, sandbox: bool = True, **kwargs):
-    return run_workload(_tiny(sandbox), "cpu", out_dir=tmp_path, sources=_program(prelude),
+    return run_workload(_tiny(tmp_path, sandbox), "cpu", out_dir=tmp_path / "out", sources=_program(prelude),
                         warmup_steps=1, measured_steps=2, **kwargs)
 
 
@@ -128,7 +134,7 @@ def test_read_tail_reads_only_the_end(tmp_path):
 def test_the_sandbox_refuses_what_a_program_may_not_do(tmp_path, attack, refused):
     r = _run(tmp_path, attack + "\n")
     assert r.status == "crashed" and "SandboxViolation" in r.error and refused in r.error, r.error
-    assert "pwned" not in (TINY / "trainbridge.toml").read_text()
+    assert "pwned" not in (tmp_path / "workload" / "trainbridge.toml").read_text()
 
 
 def test_the_sandbox_lets_a_program_write_its_own_files_and_libraries_work(tmp_path):
@@ -155,3 +161,15 @@ def test_libraries_may_start_processes_for_the_program_torch_compile_included(tm
     r = _run(tmp_path, prelude)
     assert r.status == "ok", r.error
     assert "compiled 7.637" in r.stdout_tail
+
+
+def test_the_write_rule_keeps_the_workload_read_only_wherever_it_lies(tmp_path):
+    from trainbridge.harness.sandbox import Sandbox
+
+    workload, program, results = tmp_path / "wl", tmp_path / "wl" / "runs" / "p", tmp_path / "wl" / "runs" / "results"
+    box = Sandbox(str(program), [str(results)], [str(workload)])
+    assert box.may_write(str(program / "logs" / "x.txt"))       # its own folder, inside the workload
+    assert box.may_write(str(results / "r.steps.jsonl"))       # the harness's output folder
+    assert not box.may_write(str(workload / "data" / "train.bin"))  # the user's data, under /tmp
+    assert box.may_write(str(tmp_path / "scratch.bin"))        # other temporary files
+    assert not box.may_write(str(Path.home() / ".bashrc"))

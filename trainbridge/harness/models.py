@@ -48,6 +48,8 @@ class RunRequest(BaseModel):
     plugins: list[str] = Field(default_factory=list, description="'module:Class' harness plugins (e.g. evidence capture)")
     plugin_options: dict[str, str] = Field(default_factory=dict)
     sandbox: bool = Field(True, description="run the program under the audit hooks of harness/sandbox.py")
+    read_only_roots: list[str] = Field(default_factory=list, description="folders the program may not write in "
+                                       "(the user's workload, linked into the program folder), wherever they are")
 
     @model_validator(mode="after")
     def _paths_are_absolute(self) -> "RunRequest":

@@ -279,6 +279,7 @@ def run_workload(
         plugin_options=plugin_options or {},
         npu_reference=npu_reference,
         sandbox=m.limits.sandbox,
+        read_only_roots=[str(workload.root.resolve())],
     )
     run_env = dict(m.env)
     run_env.update(env or {})

@@ -5,8 +5,9 @@ the user's data and checkpoints in (`runner.materialize`). Inside the child, Pyt
 hooks (`sys.addaudithook`) refuse, with a `SandboxViolation` that names the call:
 
 * a write to any file whose real path is outside the program folder, the run's output
-  folder, the temporary folder and the compiler caches (so a write through a link to the
-  user's data, or to `~/.bashrc`, fails, while logs and checkpoints in the folder work);
+  folder, the temporary folder and the compiler caches, or inside the user's workload folder
+  wherever it lies (so a write through a link to the user's data, or to `~/.bashrc`, fails,
+  while logs and checkpoints in the program folder work);
 * a network connection to anything but this machine (collectives on loopback still work);
 * starting a process, and loading a shared library through ctypes, when the nearest caller
   outside the standard library is the program's own code. A library the program calls
@@ -79,12 +80,22 @@ def _local_address(address) -> bool:
 
 
 class Sandbox:
-    def __init__(self, program_dir: str, write_roots: list[str]):
+    def __init__(self, program_dir: str, write_roots: list[str], read_only_roots=()):
         self.program_dir = os.path.realpath(program_dir) + os.sep
+        self.read_only_roots = tuple(os.path.realpath(r) + os.sep for r in read_only_roots)
         home = Path.home()
-        roots = [program_dir, *write_roots, tempfile.gettempdir(), "/dev", home / ".cache", home / ".triton",
-                 os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")]
-        self.write_roots = tuple(os.path.realpath(str(r)) + os.sep for r in roots if r)
+        own = [program_dir, *write_roots]
+        scratch = [tempfile.gettempdir(), "/dev", home / ".cache", home / ".triton",
+                   os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")]
+        self.own_roots = tuple(os.path.realpath(str(r)) + os.sep for r in own if r)
+        self.scratch_roots = tuple(os.path.realpath(str(r)) + os.sep for r in scratch if r)
+
+    def may_write(self, real: str) -> bool:
+        """The program's folder and the harness's output folders always; the temporary and cache
+        folders unless the path lies in the user's workload (which may itself be under /tmp)."""
+        if _under(real, self.own_roots):
+            return True
+        return _under(real, self.scratch_roots) and not _under(real, self.read_only_roots)
 
     def _program_caller(self) -> str | None:
         """file:line of the program's own code when it is the nearest non-stdlib caller."""
@@ -107,9 +118,9 @@ class Sandbox:
             if event == "open" and not _is_write(args[1], args[2] if len(args) > 2 else None):
                 return
             real = _real(args[0])
-            if real is not None and not _under(real, self.write_roots):
-                raise SandboxViolation(f"sandbox: the program may not write {real} (outside its folder, the run "
-                                       "folder and the temporary and cache folders)")
+            if real is not None and not self.may_write(real):
+                raise SandboxViolation(f"sandbox: the program may not write {real} (the user's workload, or "
+                                       "outside its folder, the run folder and the temporary and cache folders)")
         elif event in _NETWORK_EVENTS:
             if not _local_address(args[1] if len(args) > 1 else None):
                 raise SandboxViolation(f"sandbox: the program may not open a network connection ({event} "
@@ -120,6 +131,6 @@ class Sandbox:
                                    "needs to sets `[limits] sandbox = false` in its trainbridge.toml")
 
 
-def install(program_dir: str, write_roots: list[str]) -> None:
+def install(program_dir: str, write_roots: list[str], read_only_roots=()) -> None:
     """Audit hooks cannot be removed: install once, in the child, right before the program runs."""
-    sys.addaudithook(Sandbox(program_dir, write_roots))
+    sys.addaudithook(Sandbox(program_dir, write_roots, read_only_roots))
