@@ -72,3 +72,14 @@ def test_only_changed_functions_outside_the_training_loop_are_regions():
     regions = changed_regions(original, candidate, ["t.py"])
     assert [r.qualname for r in regions] == ["N.forward"]
     assert regions[0].original_source.startswith("def forward(self, x):")
+
+
+def test_a_compiled_region_is_checked_as_the_python_it_compiles(setup):
+    wl, port, ref, out = setup
+    decorated = port[FILE].replace("    def forward(self, hidden):\n",
+                                   "    @torch.compile\n    def forward(self, hidden):\n", 1)
+    assert decorated != port[FILE]
+    v, run = validate(wl, "cpu", original=port, candidate={**port, FILE: decorated}, changed=[FILE], baseline_ref=ref,
+                      out_dir=out, seed=1337, low_precision=False, ops_removed=[], compiled_region=True)
+    assert v.passed, v.reason
+    assert "RMSNorm.forward" in v.details["regions"] and "trials on fresh inputs" in v.details["regions"]

@@ -163,6 +163,9 @@ class RegionCheckPlugin(HarnessPlugin):
                 return self._skip(region, "its module is too large to copy for the check")
         else:
             candidate = frame.f_globals.get(code.co_name)
+        # A torch.compile'd function is checked as the Python it compiles: the math is the program's
+        # to keep, the compiler's correctness is not (and a compiled graph cannot be re-entered here).
+        candidate = getattr(candidate, "_torchdynamo_orig_callable", candidate)
         namespace = dict(frame.f_globals)
         exec(compile(region.original_source, os.path.join(self.program_dir, region.file), "exec"), namespace)
         original = namespace[code.co_name]
@@ -183,8 +186,11 @@ class RegionCheckPlugin(HarnessPlugin):
 
         cpu_state = torch.get_rng_state()
         try:
+            # The first call may come from inside a compiled frame, where Dynamo's frame hook is
+            # live: the check's own calls must run plain Python.
             with torch.enable_grad():
-                verdict = lab_check(original, candidate, make_inputs, dtype=dtype, trials=TRIALS)
+                verdict = torch.compiler.disable(lab_check)(original, candidate, make_inputs, dtype=dtype,
+                                                            trials=TRIALS)
         except Exception as e:  # the original could not run in the candidate's module
             return self._skip(region, f"the original raised {type(e).__name__}: {e}")
         finally:
