@@ -83,3 +83,52 @@ def test_a_compiled_region_is_checked_as_the_python_it_compiles(setup):
                       out_dir=out, seed=1337, low_precision=False, ops_removed=[], compiled_region=True)
     assert v.passed, v.reason
     assert "RMSNorm.forward" in v.details["regions"] and "trials on fresh inputs" in v.details["regions"]
+
+
+ORTHOGONALIZE = '''def orthogonalize(G):
+    X = G.bfloat16()
+    X = X / (X.norm() + 1e-7)
+    for _ in range(5):
+        A = X @ X.T
+        X = 3.4445 * X + (-4.7750 * A + 2.0315 * A @ A) @ X
+    return X
+'''
+
+
+def test_a_compiled_bf16_iteration_is_checked_eagerly_even_when_first_called_from_compiled_code(tmp_path, monkeypatch):
+    """Newton-Schulz in bf16, compiled: Inductor's bf16 result differs from eager's by more than
+    bf16 precision, so a check that ran the compiled function (Dynamo traced the check itself when
+    the first call came from a compiled frame) refused a rewrite that changed no math."""
+    import json
+    import sys
+
+    import torch
+
+    from trainbridge.measure.correctness import lab_check
+    from trainbridge.measure.region_check import Region, RegionCheckPlugin
+
+    def mk(gen):
+        return [torch.randn(64, 32, generator=gen).requires_grad_(True)]
+
+    namespace: dict = {"torch": torch}
+    exec(ORTHOGONALIZE, namespace)
+    eager = namespace["orthogonalize"]
+    compiled = torch.compile(eager, dynamic=False)
+    assert not lab_check(eager, compiled, mk, dtype=torch.float32).passed, \
+        "Inductor now matches eager here: the test no longer shows a compiled run reaching the check"
+
+    (tmp_path / "prog.py").write_text("import torch\n\n\n@torch.compile(dynamic=False)\n" + ORTHOGONALIZE)
+    (tmp_path / "regions.json").write_text(json.dumps([Region(
+        file="prog.py", qualname="orthogonalize", original_source=ORTHOGONALIZE).model_dump()]))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugin = RegionCheckPlugin({"regions_path": str(tmp_path / "regions.json"), "out": str(tmp_path / "out.json")})
+    plugin.before_program()
+    try:
+        import prog
+        prog.orthogonalize(torch.randn(64, 32))
+    finally:
+        plugin.finalize("ok")
+        sys.modules.pop("prog", None)
+    [result] = json.loads((tmp_path / "out.json").read_text())
+    assert result["checked"] and result["passed"], result["reason"]

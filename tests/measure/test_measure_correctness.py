@@ -140,6 +140,23 @@ def test_bf16_equivalent_passes_within_bf16_tolerance():
     assert v.passed and v.rtol == 2**-7 and v.dtype == "bfloat16", v.reason
 
 
+
+def test_an_output_in_a_coarser_dtype_than_its_inputs_is_held_to_its_own_precision():
+    """fp32 arguments, bf16 math and result (Newton-Schulz's form): the same math in a
+    different order differs by bf16 rounding, which fp32's tolerance would call wrong."""
+    def ref(x, w):
+        return ref_rms(x, w).bfloat16()
+
+    def reordered(x, w):
+        return (x.bfloat16() * w.bfloat16()) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS).bfloat16()
+
+    def wrong(x, w):
+        return (x * w).bfloat16()
+
+    assert lab_check(ref, reordered, inputs(), dtype=torch.float32).passed
+    v = lab_check(ref, wrong, inputs(), dtype=torch.float32)
+    assert not v.passed and "rtol 0.0078125" in v.reason, v.reason
+
 def test_wrong_axis_fails():
     v = lab_check(ref_rms, lambda x, w: x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + EPS) * w, inputs())
     assert not v.passed and "forward error" in v.reason

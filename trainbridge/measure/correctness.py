@@ -185,7 +185,7 @@ def _same_inputs(a: list, b: list) -> bool:
 
 
 def _trial(reference_fn, candidate_fn, inputs: list, gen: torch.Generator, t: int, atol: float, rtol: float,
-           cos_min: float, norm_rtol: float) -> LabTrial:
+           cos_min: float, norm_rtol: float, table: dict[torch.dtype, tuple[float, float]]) -> LabTrial:
     ins_c, ins_r = _fresh_copy(inputs), _fresh_copy(inputs)
     # Candidate first: nothing of the reference's exists yet for a torch.empty to pick up.
     try:
@@ -208,13 +208,17 @@ def _trial(reference_fn, candidate_fn, inputs: list, gen: torch.Generator, t: in
             return LabTrial(trial=t, passed=False, reason=f"output {j}: candidate has non-finite values")
         if c.numel() and not bool(c.any()) and bool(r.any()):
             return LabTrial(trial=t, passed=False, reason=f"output {j}: candidate output is all zeros")
-        a, rel, ok = _forward_errors(c, r, atol, rtol)
+        # An output computed in a coarser dtype than the inputs (a bf16 iteration on fp32 arguments)
+        # is held to its own dtype's precision, never to a finer one it cannot carry.
+        atol_j, rtol_j = max(atol, table.get(r.dtype, (0.0, 0.0))[0]), max(rtol, table.get(r.dtype, (0.0, 0.0))[1])
+        a, rel, ok = _forward_errors(c, r, atol_j, rtol_j)
         worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, rel)
         if not ok:
             return LabTrial(trial=t, passed=False, max_abs_err=worst_abs, max_rel_err=worst_rel, reason=(
-                f"output {j}: forward error max abs {a:.3e}, max rel {rel:.3e} beyond atol {atol:g} + rtol {rtol:g}"))
+                f"output {j}: forward error max abs {a:.3e}, max rel {rel:.3e} beyond atol {atol_j:g} + rtol {rtol_j:g}"))
 
     pairs = [(c, r) for c, r in zip(out_c, out_r) if torch.is_tensor(r) and r.requires_grad]
+    norm_rtol = max([norm_rtol, *(GRAD_NORM_RTOL.get(r.dtype, 0.0) for _, r in pairs)])
     wants = [i for i, x in enumerate(ins_r) if torch.is_tensor(x) and x.requires_grad]
     cosines: list[float] = []
     ratios: list[float] = []
@@ -297,7 +301,8 @@ def lab_check(
                                         reason="make_inputs returned the same inputs as the previous trial"))
                 break
             previous = [x.detach().clone() if torch.is_tensor(x) else x for x in inputs]
-            results.append(_trial(reference_fn, candidate_fn, inputs, gen, t, atol, rtol, grad_cosine_min, norm_rtol))
+            results.append(_trial(reference_fn, candidate_fn, inputs, gen, t, atol, rtol, grad_cosine_min, norm_rtol,
+                                  table))
         if not results[-1].passed:
             break
     abs_errs = [r.max_abs_err for r in results if r.max_abs_err is not None]

@@ -138,7 +138,10 @@ class RegionCheckPlugin(HarnessPlugin):
         if not self.pending:
             sys.setprofile(None)
         try:
-            self.results.append(self._check(frame, region))
+            # The first call may come from a compiled frame, where Dynamo's frame hook is live and
+            # would trace the check itself (reading a compiled function's original through Dynamo
+            # gives back the compiled one): the whole check runs plain Python.
+            self.results.append(torch.compiler.disable(self._check)(frame, region))
         except Exception as e:  # the checker's own trouble is a note, never a crash of the program
             self.results.append(RegionResult(file=region.file, qualname=region.qualname, checked=False,
                                              reason=f"not checked: {type(e).__name__}: {e}"))
@@ -186,11 +189,8 @@ class RegionCheckPlugin(HarnessPlugin):
 
         cpu_state = torch.get_rng_state()
         try:
-            # The first call may come from inside a compiled frame, where Dynamo's frame hook is
-            # live: the check's own calls must run plain Python.
             with torch.enable_grad():
-                verdict = torch.compiler.disable(lab_check)(original, candidate, make_inputs, dtype=dtype,
-                                                            trials=TRIALS)
+                verdict = lab_check(original, candidate, make_inputs, dtype=dtype, trials=TRIALS)
         except Exception as e:  # the original could not run in the candidate's module
             return self._skip(region, f"the original raised {type(e).__name__}: {e}")
         finally:
