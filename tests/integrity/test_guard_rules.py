@@ -67,6 +67,8 @@ ATTACKS = {
     "harness_env": ("import sys\n", "import sys\nimport os\nos.environ['PYTHONHASHSEED'] = '0'\n"),
     "default_dtype": ("def main():\n", "def main():\n    torch.set_default_dtype(torch.float16)\n"),
     "target_api": ("import torch\n", "import torch\nimport torch_npu\n"),
+    "backward_added": ("        loss.backward()\n", "        loss.backward()\n        (loss * 0).backward()\n"),
+    "reflection": ("def main():\n", "def main():\n    exec('import time; time.perf_counter = lambda: 0.0')\n"),
 }
 
 
@@ -90,6 +92,32 @@ def test_more_monkeypatching_spellings():
     v = _check(_edit("import torch\n", "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n"))
     assert v.passed
 
+
+@pytest.mark.parametrize("new", [
+    "t = time\nt.perf_counter = lambda: 0.0\n",                           # a patch through a plain alias
+    "__import__('time').perf_counter = lambda: 0.0\n",                     # through __import__
+    "eval('1')\n",
+    "clock = sys.modules['trainbridge.harness.clock']\n",                  # the harness through sys.modules
+    "import gc\nclocks = [o for o in gc.get_objects() if type(o).__name__ == 'StepClock']\n",
+    "import importlib\nh = importlib.import_module('trainbridge.harness.clock')\n",
+    "frame = sys._getframe(1).f_back\n",
+    "import ctypes\n",
+    "import os\nos.system('true')\n",
+    "import socket\n",
+])
+def test_spellings_that_reach_the_clock_or_the_interpreter_are_refused(new):
+    v = _check(_edit("def get_batch(gen):", "import time\n" + new + "\n\ndef get_batch(gen):"))
+    assert not v.passed and _rules(v) & {"reflection", "monkeypatch"}, (new, v.violations)
+
+
+def test_reflection_the_original_already_had_is_not_a_change():
+    """A configurator run through exec (a common form of real programs) stays allowed as it was."""
+    original = _edit("def main():\n", "def main():\n    exec('x = 1')\n")
+    candidate = {"train.py": original["train.py"].replace("(hidden * hidden).mean(dim=-1, keepdim=True)",
+                                                          "hidden.pow(2).mean(-1, keepdim=True)")}
+    assert candidate != original
+    v = _check(candidate, original=original)
+    assert v.passed, v.violations
 
 def test_more_process_control_spellings():
     for new in ("import threading\nthreading.Thread(target=print).start()\n", "import os\nos._exit(0)\n",

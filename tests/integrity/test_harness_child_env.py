@@ -39,9 +39,9 @@ def _tiny(tmp_path, sandbox: bool = True):
     return wl.model_copy(update={"manifest": m})
 
 
-def _run(tmp_path, prelude: str, sandbox: bool = True, **kwargs):
-    return run_workload(_tiny(tmp_path, sandbox), "cpu", out_dir=tmp_path / "out", sources=_program(prelude),
-                        warmup_steps=1, measured_steps=2, **kwargs)
+def _run(tmp_path, prelude: str, sandbox: bool = True, out_dir=None, **kwargs):
+    return run_workload(_tiny(tmp_path, sandbox), "cpu", out_dir=out_dir or tmp_path / "out",
+                        sources=_program(prelude), warmup_steps=1, measured_steps=2, **kwargs)
 
 
 def _alive(pid: int) -> bool:
@@ -173,3 +173,27 @@ def test_the_write_rule_keeps_the_workload_read_only_wherever_it_lies(tmp_path):
     assert not box.may_write(str(workload / "data" / "train.bin"))  # the user's data, under /tmp
     assert box.may_write(str(tmp_path / "scratch.bin"))        # other temporary files
     assert not box.may_write(str(Path.home() / ".bashrc"))
+
+
+def test_a_program_run_inside_a_run_folder_cannot_read_its_records(tmp_path):
+    """The loop's reference losses sit in the run folder, a few levels above a candidate's program."""
+    run = tmp_path / "run"
+    harness = run / "candidates" / "c01" / "harness"
+    harness.mkdir(parents=True)
+    (run / "ledger.jsonl").write_text("")
+    (run / "baseline_ref.json").write_text('{"losses": [5.5, 4.9]}')
+    r = _run(tmp_path, f"print(open({str(run / 'baseline_ref.json')!r}).read())\n", out_dir=harness)
+    assert r.status == "crashed" and "SandboxViolation" in r.error and "run's own records" in r.error, r.error
+    assert "4.9" not in r.stdout_tail
+    assert _run(tmp_path, "open('train.py').read()\n", out_dir=harness).status == "ok"  # its own files stay open
+
+
+def test_a_program_cannot_import_the_harness(tmp_path):
+    r = _run(tmp_path, "import trainbridge.agent.planner\n")
+    assert r.status == "crashed" and "may not import the harness" in r.error, r.error
+
+
+def test_a_program_cannot_read_the_harness_requests_that_tell_validation_from_timing(tmp_path):
+    results = tmp_path / "out" / "results"
+    r = _run(tmp_path, f"import glob as _g\nprint([open(p).read()[:20] for p in _g.glob({str(results)!r} + '/*.json')])\n")
+    assert r.status == "crashed" and "harness's own files" in r.error, r.error

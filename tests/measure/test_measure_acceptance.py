@@ -105,7 +105,7 @@ def test_the_end_to_end_report_keeps_rounds_paired_and_judges_at_the_runs_bar(mo
         return run
 
     monkeypatch.setattr(report, "program_arm", fake_arm)
-    ctx = SimpleNamespace(cfg=SimpleNamespace(target="cpu", seed=1, confidence=0.95),
+    ctx = SimpleNamespace(cfg=SimpleNamespace(target="cpu", seed=1, confidence=0.95, timing_scheme="pairs"),
                           workload=SimpleNamespace(manifest=SimpleNamespace(steps=SimpleNamespace(warmup=1))),
                           report=lambda *a, **k: None)
     e2e = report.end_to_end(ctx, {}, {}, pairs=4, with_compile=True, out=tmp_path, bar=0.035)

@@ -129,6 +129,8 @@ def validate(
     regions = _region_check_options(original, candidate, changed, out_dir, low_precision)
     run = reference_run(workload, target, candidate, out_dir, seed=seed, label="validate", npu_reference=npu_reference,
                         plugins=[REGION_PLUGIN] if regions else None, plugin_options=regions)
+    if run.status == "tampered":
+        return Validation(passed=False, stage="clock", reason=f"candidate run: {run.error}"), run
     if run.status != "ok":
         return Validation(passed=False, stage="import",
                           reason=f"candidate run {run.status}: {(run.error or '')[:600]}"), run

@@ -19,7 +19,7 @@ from ..ledger import models as ev
 from ..measure import acceptance
 from ..measure.acceptance import Rule
 from ..measure.timed_runs import timed_run_problem
-from ..measure.timing import candidate_session
+from ..measure.timing import candidate_session, lockstep_session
 from ..profile.analysis import ProfileReport, analyse
 from .candidate import Candidate, Stage
 from .context import PortBlocked, RunContext
@@ -323,15 +323,25 @@ def measure(state: RunState, runtime: Rt) -> dict:
     reference = ctx.baseline_ref().losses
     low = cur.low_precision or bool(state.get("low_precision"))
 
+    validated_path = cdir / "validate_ref.json"
+    validated = RunResult.model_validate_json(validated_path.read_text()) if validated_path.exists() else None
+
     def check(rnd: dict[str, RunResult]) -> str | None:
         return timed_run_problem(rnd["candidate"], rnd["incumbent"], reference, loss_steps=c.steps,
-                                 rtol_fp32=c.fp32_rtol, rtol_low_precision=c.low_precision_rtol, low_precision=low)
+                                 rtol_fp32=c.fp32_rtol, rtol_low_precision=c.low_precision_rtol, low_precision=low,
+                                 validated=validated)
 
     def time_pairs():
-        session = candidate_session(
-            ctx.workload, cfg.target, incumbent=incumbent, candidate=candidate, pairs=cfg.timing_pairs,
-            out_dir=cdir / "harness", seed=cfg.seed, check=check,
-            on_run=lambda label, r: ctx.report("measure", candidate=cur.id, detail=f"{label} run"))
+        if cfg.timing_scheme == "lockstep":
+            session = lockstep_session(
+                ctx.workload, cfg.target, {"incumbent": incumbent, "candidate": candidate}, cfg.timing_pairs,
+                out_dir=cdir / "harness", seed=cfg.seed, check=check,
+                on_round=lambda i, r: ctx.report("measure", candidate=cur.id, detail=f"lockstep round {i + 1}"))
+        else:
+            session = candidate_session(
+                ctx.workload, cfg.target, incumbent=incumbent, candidate=candidate, pairs=cfg.timing_pairs,
+                out_dir=cdir / "harness", seed=cfg.seed, check=check,
+                on_run=lambda label, r: ctx.report("measure", candidate=cur.id, detail=f"{label} run"))
         if session.violation:
             raise _TimedRunMismatch(session.violation)
         problems.extend(session.problems)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..ledger import models as ev
 from ..measure.acceptance import judge
-from ..measure.timing import interleave, program_arm
+from ..measure.timing import interleave, lockstep_session, program_arm
 from .context import RunContext
 from .programs import read_program, unified_diff, write_program
 from .state import RunState
@@ -29,13 +29,16 @@ def end_to_end(ctx: RunContext, port: dict[str, str], final: dict[str, str], *, 
     point, compared without a bar.
     """
     cfg, wl = ctx.cfg, ctx.workload
-    arms = {"port": program_arm(wl, cfg.target, port, out_dir=out, label="port", seed=cfg.seed),
-            "final": program_arm(wl, cfg.target, final, out_dir=out, label="final", seed=cfg.seed)}
-    if with_compile:
-        arms["compiled_port"] = program_arm(wl, cfg.target, port, out_dir=out, label="compiled_port", seed=cfg.seed,
-                                            plugins=[COMPILE_PLUGIN], warmup_steps=wl.manifest.steps.warmup + 2)
-    session = interleave(arms, pairs, on_run=lambda arm, i, r: ctx.report(
-        "report", detail=f"end-to-end {arm} run {i + 1}/{pairs}"))
+    programs = {"port": port, "final": final, **({"compiled_port": port} if with_compile else {})}
+    extra = {"compiled_port": {"plugins": [COMPILE_PLUGIN], "warmup_steps": wl.manifest.steps.warmup + 2}}
+    if cfg.timing_scheme == "lockstep":
+        session = lockstep_session(wl, cfg.target, programs, pairs, out_dir=out, seed=cfg.seed, run_kwargs=extra,
+                                   on_round=lambda i, r: ctx.report("report", detail=f"end-to-end round {i + 1}/{pairs}"))
+    else:
+        arms = {a: program_arm(wl, cfg.target, files, out_dir=out, label=a, seed=cfg.seed, **extra.get(a, {}))
+                for a, files in programs.items()}
+        session = interleave(arms, pairs, on_run=lambda arm, i, r: ctx.report(
+            "report", detail=f"end-to-end {arm} run {i + 1}/{pairs}"))
     runs = {"port": [], "final": [], "compiled_port": [], **session.runs_ms}
     result = {"runs_ms": runs, "min_effect": bar, "problems": session.problems}
     if runs["port"] and runs["final"]:

@@ -31,6 +31,9 @@ class RunConfig(BaseModel):
     budget_candidates: int = 12
     budget_minutes: float = 18.0
     timing_pairs: int = Field(3, description="interleaved incumbent/candidate process pairs per candidate")
+    timing_scheme: Literal["pairs", "lockstep"] = Field(
+        "lockstep", description="how a candidate is timed against the incumbent: process pairs one after the other, or "
+                             "both processes alive and taking turns step by step (harness/lockstep.py)")
     baseline_runs: int = Field(6, description="baseline runs, also the A/A calibration sample")
     min_effect: float = Field(0.02, description="smallest speedup fraction to accept; raised by the A/A check "
                                                 "when the baseline runs are noisier than that")

@@ -27,6 +27,8 @@ def run(
     budget: int = typer.Option(10, help="most candidates to try"),
     minutes: float = typer.Option(13.0, help="time budget for port + baseline + loop, in minutes (the final measurement follows)"),
     pairs: int = typer.Option(3, help="interleaved incumbent/candidate run pairs per candidate"),
+    timing: str = typer.Option("lockstep", help="lockstep (both programs alive, taking turns step by step; "
+                                                "benchmarks/calibration.py) | pairs (one process after the other)"),
     baseline_runs: int = typer.Option(6, help="baseline runs (also the A/A calibration sample, >= 4)"),
     skip_collect: bool = typer.Option(False, help="plan from the target profile only, without GPU evidence"),
     allow_no_evidence: bool = typer.Option(False, help="finish with exit 0 even when GPU evidence was asked for "
@@ -59,12 +61,14 @@ def run(
             wl = load_workload(workload)
             if dry_run and target != "npu":
                 raise ValueError("--dry-run is for --target npu (other targets are measured here)")
+            if timing not in ("pairs", "lockstep"):
+                raise ValueError(f"--timing {timing}: choose pairs or lockstep")
             if agent not in ("recipes", "llm", "llm+recipes"):
                 raise ValueError(f"--agent {agent}: choose recipes, llm or llm+recipes")
             cfg = RunConfig(
                 run_id=new_run_id(wl.manifest.name, target), workload=str(wl.root), target=target,
                 agent=agent, evidence=str(evidence.resolve()) if evidence else None, evidence_device=evidence_device,
-                budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs, baseline_runs=baseline_runs,
+                budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs, timing_scheme=timing, baseline_runs=baseline_runs,
                 collect=not skip_collect, allow_no_evidence=allow_no_evidence, dry_run=dry_run,
                 compare_compile=not no_compile_compare, llm_model=model, llm_base_url=base_url,
             )

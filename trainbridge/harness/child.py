@@ -115,7 +115,7 @@ def run(req: RunRequest) -> RunResult:
     sys.argv = [req.script, *req.args]
     sys.path.insert(0, str(Path(req.script).parent))
     if req.sandbox:
-        sandbox.install(req.cwd, _harness_write_dirs(req), req.read_only_roots)
+        sandbox.install(req.cwd, _harness_write_dirs(req), req.read_only_roots, req.private_roots)
     status, error = "crashed", None
     try:
         runpy.run_path(req.script, run_name="__main__")

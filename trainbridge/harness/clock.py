@@ -19,6 +19,7 @@ steps after the measured ones.
 from __future__ import annotations
 
 import os
+import struct
 import sys
 import time
 from collections import Counter
@@ -28,9 +29,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..aten_ops import PRECISION_GEMMS, dispatcher_names
+from .boundaries import FORMAT as BOUNDARY_FORMAT
 from .handwritten_optimizers import HandwrittenOptimizerHooks
 from .models import OpCount, RunRequest, StepRecord
 from .plugins import HarnessPlugin
+
+
+_write, _read = os.write, os.read  # bound at import, before the program runs
 
 
 class HarnessStop(BaseException):
@@ -112,7 +117,10 @@ class StepClock:
         self.backward_calls = 0
         self.loss_ref: torch.Tensor | None = None
         self.work_items = 0
+        self._boundary_fd = req.boundary_fd
+        self._gate_fd = req.step_gate_fd
         self.t_last = time.perf_counter()
+        self._signal(b"S")
         self.t_last_opt = self.t_last
         self.work_at_last_opt = 0  # work counted up to the last optimizer step (for step 1)
         self.steps: list[StepRecord] = []
@@ -131,6 +139,11 @@ class StepClock:
         self.flops_per_step: int | None = None
         self.profile_ops: list[dict] | None = None
         self.graphs_at_root: int | None = None  # compiled graphs before the first training forward
+
+    def _signal(self, kind: bytes, index: int = 0) -> None:
+        """Tell the parent a boundary happened now (`boundaries`: the parent's clock is the measurement)."""
+        if self._boundary_fd is not None:
+            _write(self._boundary_fd, struct.pack(BOUNDARY_FORMAT, kind, index))
 
     # ----------------------------------------------------------------- phases ----
     def phase_of(self, index: int) -> str:
@@ -235,6 +248,7 @@ class StepClock:
         if self.known is None:
             self.target.synchronize()
             self.t_last_opt = time.perf_counter()
+            self._signal(b"T")
             self.work_at_last_opt = self.work_items
             return
         if self.known <= self.stepped:
@@ -243,10 +257,13 @@ class StepClock:
     # ------------------------------------------------------------- boundaries ----
     def _close_step(self, t_end: float | None) -> None:
         lazy = t_end is not None
+        index = len(self.steps) + 1
         if t_end is None:
             self.target.synchronize()
             t_end = time.perf_counter()
-        index = len(self.steps) + 1
+            self._signal(b"E", index)
+        else:
+            self._signal(b"L", index)
         phase = self.phase_of(index)
         self._stop_instruments(phase)
         rec = StepRecord(
@@ -272,8 +289,11 @@ class StepClock:
             # step 1 was closed late (at step 2's first backward): step 2 began at t_end
             self.t_last = t_end
         else:
+            if self._gate_fd is not None:  # lockstep: wait for the parent's go (the other arm ran its step)
+                _read(self._gate_fd, 1)
             self.target.synchronize()
             self.t_last = time.perf_counter()
+            self._signal(b"S")
 
     def _start_instruments(self, next_phase: str, this_phase: str) -> None:
         if next_phase == "profile" and this_phase != "profile":

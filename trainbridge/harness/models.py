@@ -23,7 +23,7 @@ PATH_OPTION_SUFFIXES = ("_path", "_dir", "_root", "_file")
 
 def is_path_option(name: str) -> bool:
     return name in PATH_OPTION_NAMES or name.endswith(PATH_OPTION_SUFFIXES)
-RunStatus = Literal["ok", "finished_early", "crashed", "timeout", "oom", "no_steps"]
+RunStatus = Literal["ok", "finished_early", "crashed", "timeout", "oom", "no_steps", "tampered"]
 
 
 class RunRequest(BaseModel):
@@ -47,7 +47,13 @@ class RunRequest(BaseModel):
     npu_reference: bool = Field(False, description="dry run of an npu program on the CPU with the torch_npu references")
     plugins: list[str] = Field(default_factory=list, description="'module:Class' harness plugins (e.g. evidence capture)")
     plugin_options: dict[str, str] = Field(default_factory=dict)
+    boundary_fd: int | None = Field(None, description="pipe the child signals step boundaries on; the parent "
+                                    "stamps them (harness/boundaries.py)")
+    step_gate_fd: int | None = Field(None, description="lockstep timing: before each step after the first, the "
+                                     "child waits for one byte on this pipe (harness/lockstep.py)")
     sandbox: bool = Field(True, description="run the program under the audit hooks of harness/sandbox.py")
+    private_roots: list[str] = Field(default_factory=list, description="folders the program may not open files "
+                                     "in, except its own folder and the harness's outputs (the run folder)")
     read_only_roots: list[str] = Field(default_factory=list, description="folders the program may not write in "
                                        "(the user's workload, linked into the program folder), wherever they are")
 
@@ -78,7 +84,9 @@ class RunRequest(BaseModel):
 class StepRecord(BaseModel):
     index: int = Field(..., description="1-based optimizer step number")
     phase: Literal["warmup", "measured", "profile", "count_ops", "count_flops"]
-    step_ms: float = Field(..., description="wall time from the previous step boundary, device synchronized")
+    step_ms: float = Field(..., description="wall time from the previous step boundary, device synchronized: the "
+                                            "parent's stamps of the child's boundary signals (harness/boundaries.py)")
+    child_step_ms: float | None = Field(None, description="the same step by the child's own clock: a cross-check")
     loss: float | None = Field(None, description="the tensor backward() was called on, read after the run")
     backward_calls: int = 0
     work_items: int = Field(0, description="tokens (integer inputs' numel) or samples (batch dim) the root module saw")

@@ -8,6 +8,13 @@ hooks (`sys.addaudithook`) refuse, with a `SandboxViolation` that names the call
   folder, the temporary folder and the compiler caches, or inside the user's workload folder
   wherever it lies (so a write through a link to the user's data, or to `~/.bashrc`, fails,
   while logs and checkpoints in the program folder work);
+* opening any file of the run folder (the loop's own records: reference losses, other
+  candidates' results, the ledger) outside the program's folder and the harness's output
+  folders, for reading too: a candidate has no business with the references it is judged by;
+* opening the harness's own files (requests, results, step records) from the program's own
+  code: a program that could read them could tell a validation run from a timed one;
+* importing the harness (`trainbridge`) from the program's own code (a module not imported
+  yet; the guard refuses the spelling);
 * a network connection to anything but this machine (collectives on loopback still work);
 * starting a process, and loading a shared library through ctypes, when the nearest caller
   outside the standard library is the program's own code. A library the program calls
@@ -33,7 +40,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.fork",
                              "os.forkpty", "os.exec", "pty.spawn"})
 _NETWORK_EVENTS = frozenset({"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"})
-_WATCHED = _PROCESS_EVENTS | _NETWORK_EVENTS | {"open", "os.truncate", "ctypes.dlopen"}
+_WATCHED = _PROCESS_EVENTS | _NETWORK_EVENTS | {"open", "os.truncate", "ctypes.dlopen", "import"}
 _STDLIB = tuple(str(Path(p).resolve()) + os.sep for p in {sysconfig.get_paths()["stdlib"],
                                                             sysconfig.get_paths()["platstdlib"]})
 _LIBRARIES = tuple(str(Path(p).resolve()) + os.sep for p in {*site.getsitepackages(), site.getusersitepackages(),
@@ -80,11 +87,13 @@ def _local_address(address) -> bool:
 
 
 class Sandbox:
-    def __init__(self, program_dir: str, write_roots: list[str], read_only_roots=()):
+    def __init__(self, program_dir: str, write_roots: list[str], read_only_roots=(), private_roots=()):
         self.program_dir = os.path.realpath(program_dir) + os.sep
         self.read_only_roots = tuple(os.path.realpath(r) + os.sep for r in read_only_roots)
+        self.private_roots = tuple(os.path.realpath(r) + os.sep for r in private_roots)
         home = Path.home()
         own = [program_dir, *write_roots]
+        self.harness_roots = tuple(os.path.realpath(str(r)) + os.sep for r in write_roots if r)
         scratch = [tempfile.gettempdir(), "/dev", home / ".cache", home / ".triton",
                    os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")]
         self.own_roots = tuple(os.path.realpath(str(r)) + os.sep for r in own if r)
@@ -111,13 +120,30 @@ class Sandbox:
                 else None
         return None
 
+    def may_open(self, real: str) -> bool:
+        """Inside the run folder, only the program's own folder and the harness's outputs."""
+        return (not _under(real, self.private_roots) or _under(real, self.own_roots)
+                or _under(real, self.read_only_roots))  # the user's workload, wherever it was laid out
+
     def __call__(self, event: str, args: tuple) -> None:
         if event not in _WATCHED:
             return
+        if event == "import":
+            name = args[0] if args and isinstance(args[0], str) else ""
+            if name.split(".")[0] == "trainbridge" and (where := self._program_caller()) is not None:
+                raise SandboxViolation(f"sandbox: the program may not import the harness ({name} at {where})")
+            return
         if event == "open" or event == "os.truncate":
+            real = _real(args[0])
+            if real is not None and _under(real, self.harness_roots) and not _under(real, (self.program_dir,)) \
+                    and (where := self._program_caller()) is not None:
+                raise SandboxViolation(f"sandbox: the program may not open the harness's own files ({real} at "
+                                       f"{where}): which run this is is not the program's to know")
+            if real is not None and self.private_roots and not self.may_open(real):
+                raise SandboxViolation(f"sandbox: the program may not open {real}: the run's own records are "
+                                       "not the program's to read")
             if event == "open" and not _is_write(args[1], args[2] if len(args) > 2 else None):
                 return
-            real = _real(args[0])
             if real is not None and not self.may_write(real):
                 raise SandboxViolation(f"sandbox: the program may not write {real} (the user's workload, or "
                                        "outside its folder, the run folder and the temporary and cache folders)")
@@ -131,6 +157,6 @@ class Sandbox:
                                    "needs to sets `[limits] sandbox = false` in its trainbridge.toml")
 
 
-def install(program_dir: str, write_roots: list[str], read_only_roots=()) -> None:
+def install(program_dir: str, write_roots: list[str], read_only_roots=(), private_roots=()) -> None:
     """Audit hooks cannot be removed: install once, in the child, right before the program runs."""
-    sys.addaudithook(Sandbox(program_dir, write_roots, read_only_roots))
+    sys.addaudithook(Sandbox(program_dir, write_roots, read_only_roots, private_roots))

@@ -18,7 +18,7 @@ from ..measure.statistics import AACalibration, Comparison, Summary, summarize
 
 LEDGER_SCHEMA_VERSION = 1
 Scalar = Union[str, float, int, bool, None]
-ValidationStage = Literal["apply", "parse", "import", "guard", "correctness", "work", "mechanism", "lab"]
+ValidationStage = Literal["apply", "parse", "import", "clock", "guard", "correctness", "work", "mechanism", "lab"]
 
 
 def utc_now() -> str:

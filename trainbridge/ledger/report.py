@@ -60,6 +60,14 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
             f"{pred} | {_ci(m.comparison if m else None)} | {d.decision}{f' ({d.rule})' if d.rule else ''} | "
             f"{d.reason[:120].replace('|', '/')} |")
     lines.append("")
+    timed = sum(1 for cid in decided if cid in measured)
+    if timed and base and base.aa:
+        # Each timed candidate is one more chance to accept noise: the run-level risk grows with them.
+        alpha = max(base.aa.false_accept_rate, base.aa.target_false_accept_rate)
+        lines += [f"Run-level risk: {timed} candidates were timed, each judged by a rule allowed an A/A "
+                  f"false-accept rate of {alpha:.0%}; the chance that at least one accepted candidate is noise "
+                  f"is at most 1 - (1 - {alpha:.2f})^{timed} = {1 - (1 - alpha) ** timed:.0%} "
+                  "(benchmarks/calibration.py measures the rule's rate over real A/A sessions).", ""]
     if fin:
         e2e = fin.end_to_end
         lines += ["## End to end (measured in one interleaved session)", "",

@@ -3,9 +3,9 @@
 Validation is one recognisable run; a candidate that behaves only while validated (halves
 its batch, skips the backward, when it sees it is being timed) would pass every check there.
 So each timed candidate run must show, step by step, the work the incumbent's run of the
-same round did (same steps, same work items, a backward where the incumbent had one), and
+same round did (same steps, same work items, as many backward calls), and
 its first losses must match the baseline's reference losses by the validation's own rule
-(both start from the same seed).
+(both start from the same seed), and it must run what validation ran (`fingerprint_problem`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,29 @@ def timed_losses(r: RunResult) -> list[float | None]:
     return [s.loss for s in _timed_steps(r)]
 
 
+def fingerprint_problem(run: RunResult, validated: RunResult) -> str | None:
+    """Whether a timed run ran what validation ran: the program's files as the child hashed them
+    before the program started, its arguments and the environment knobs the harness set."""
+    a, b = run.environment, validated.environment
+    if a is None or b is None:
+        return None
+    if a.program_sha256 != b.program_sha256:
+        return (f"a timed candidate run's program files (sha256 {a.program_sha256[:12]}) are not the ones "
+                f"validated ({b.program_sha256[:12]}): the program changed between runs")
+    if run.request.args != validated.request.args:
+        return f"a timed candidate run's arguments {run.request.args} are not the validated {validated.request.args}"
+    if a.env_knobs != b.env_knobs:
+        return f"a timed candidate run's environment knobs {a.env_knobs} are not the validated {b.env_knobs}"
+    return None
+
+
 def timed_run_problem(candidate: RunResult, incumbent: RunResult, reference_losses: Sequence[float | None], *,
-                      loss_steps: int, rtol_fp32: float, rtol_low_precision: float, low_precision: bool) -> str | None:
-    """Why this timed candidate run cannot be believed, or None."""
+                      loss_steps: int, rtol_fp32: float, rtol_low_precision: float, low_precision: bool,
+                      validated: RunResult | None = None) -> str | None:
+    """Why this timed candidate run cannot be believed, or None. `validated` is the candidate's
+    validation run, whose fingerprint every timed run must share."""
+    if validated is not None and (why := fingerprint_problem(candidate, validated)):
+        return why
     cs, js = _timed_steps(candidate), _timed_steps(incumbent)
     if len(cs) != len(js):
         return f"a timed candidate run ran {len(cs)} steps, the incumbent's run of the same round {len(js)}"
@@ -37,8 +57,9 @@ def timed_run_problem(candidate: RunResult, incumbent: RunResult, reference_loss
         if c.work_items != j.work_items:
             return (f"step {c.index} of a timed candidate run saw {c.work_items} work items, the incumbent's run of "
                     f"the same round {j.work_items}: the candidate does other work when it is timed")
-        if j.backward_calls > 0 and c.backward_calls == 0:
-            return f"step {c.index} of a timed candidate run called no backward (the incumbent's: {j.backward_calls})"
+        if c.backward_calls != j.backward_calls:
+            return (f"step {c.index} of a timed candidate run called backward {c.backward_calls} times, the "
+                    f"incumbent's run of the same round {j.backward_calls}")
     k = min(loss_steps, len(cs), len(reference_losses))
     if k < 1:
         return None

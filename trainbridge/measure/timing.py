@@ -16,8 +16,9 @@ from typing import Callable
 
 from pydantic import BaseModel, Field
 
+from ..harness.lockstep import run_lockstep
 from ..harness.models import RunResult
-from ..harness.runner import run_workload
+from ..harness.runner import prepare_run, run_workload
 
 RunArm = Callable[[], RunResult]
 """One process of one arm: runs the arm's program once and returns the harness result."""
@@ -27,6 +28,8 @@ class TimingSession(BaseModel):
     """What one interleaved session measured: per arm, the step samples of each kept round."""
 
     arms: list[str]
+    scheme: str = Field("pairs", description="'pairs': one process per arm per round, one after the other; "
+                                            "'lockstep': the arms' processes alive together, taking turns per step")
     rounds_planned: int
     runs_ms: dict[str, list[list[float]]] = Field(
         ..., description="arm -> one list of measured step times (ms) per kept round, rounds in order")
@@ -57,7 +60,9 @@ def interleave(arms: dict[str, RunArm], rounds: int, *, on_run: Callable[[str, i
                check: RoundCheck | None = None) -> TimingSession:
     """Run every arm once per round for `rounds` rounds; a round with a failed run is dropped whole.
 
-    The rest of a failed round is not run: its results could not be used. `check` sees each
+    The rest of a failed round is not run: its results could not be used. A run whose step
+    clock was tampered with (`harness.boundaries`) is no failure to drop: it ends the session
+    as a `violation`, like a reason `check` returns. `check` sees each
     complete round; a reason it returns (a timed run that did other work than validation
     saw, say) ends the session with that `violation`, and the round is not kept.
     """
@@ -76,10 +81,15 @@ def interleave(arms: dict[str, RunArm], rounds: int, *, on_run: Callable[[str, i
             r = arms[arm]()
             if on_run:
                 on_run(arm, i, r)
+            if r.status == "tampered":  # not a failed run to drop: the candidate forged its measurement
+                violation = f"round {i + 1}: the {arm} run's {r.error}"
+                break
             if r.status != "ok":
                 problems.append(f"{arm} run {r.status} (round {i + 1} of {rounds} dropped): {(r.error or '')[:300]}")
                 break
             got[arm] = r
+        if violation:
+            break
         if len(got) < len(names):
             continue
         if check is not None and (reason := check(got)):
@@ -105,3 +115,44 @@ def candidate_session(workload, target: str, *, incumbent: dict[str, str], candi
         {"incumbent": program_arm(workload, target, incumbent, out_dir=out_dir, label="incumbent", seed=seed),
          "candidate": program_arm(workload, target, candidate, out_dir=out_dir, label="candidate", seed=seed)},
         pairs, on_run=(lambda arm, i, r: on_run(arm, r)) if on_run else None, check=check)
+
+
+def lockstep_session(workload, target: str, programs: dict[str, dict[str, str]], rounds: int, *, out_dir: Path,
+                     seed: int, check: RoundCheck | None = None,
+                     on_round: Callable[[int, dict[str, RunResult]], None] | None = None,
+                     run_kwargs: dict[str, dict] | None = None) -> TimingSession:
+    """`rounds` lockstep runs of the arms (`harness.lockstep`): each round starts every arm's
+    process together and lets them take turns one step at a time, the arm that goes first
+    alternating by round. The session has the shape of `interleave`'s, so the same
+    statistics and checks apply; a round with a failed arm or an overlapped measured step is
+    dropped whole, a tampered run or a failed `check` ends the session. `run_kwargs` gives an
+    arm's own harness options (`runner.prepare_run`: plugins, warm-up steps)."""
+    if len(programs) < 2:
+        raise ValueError("lockstep needs at least two arms")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    names = list(programs)
+    kept: dict[str, list[list[float]]] = {a: [] for a in names}
+    orders, problems, violation = [], [], None
+    for i in range(rounds):
+        order = round_order(names, i)
+        orders.append(order)
+        arms = {a: prepare_run(workload, target, out_dir=Path(out_dir) / a, label=a, sources=programs[a], seed=seed,
+                               **(run_kwargs or {}).get(a, {})) for a in names}
+        ls = run_lockstep(arms, order)
+        if on_round:
+            on_round(i, ls.results)
+        tampered = next((a for a, r in ls.results.items() if r.status == "tampered"), None)
+        if tampered:
+            violation = f"round {i + 1}: the {tampered} run's {ls.results[tampered].error}"
+            break
+        if ls.problem:
+            problems.append(f"round {i + 1} of {rounds} dropped: {ls.problem}")
+            continue
+        if check is not None and (reason := check(ls.results)):
+            violation = f"round {i + 1}: {reason}"
+            break
+        for a in names:
+            kept[a].append(list(ls.results[a].measured_ms))
+    return TimingSession(arms=names, scheme="lockstep", rounds_planned=rounds, runs_ms=kept, orders=orders,
+                         problems=problems, violation=violation)

@@ -3,7 +3,8 @@
 Skipped work is the most common way automated optimizers fool themselves (smaller batch,
 shorter sequence, fewer layers, fewer steps, an early return). Independent counts catch it:
 the number of steps the harness saw, the work items (tokens or samples) the root module saw
-on each of them, and the FLOPs of one step (torch.utils.flop_counter). FLOPs may rise
+on each of them, the backward calls of each (the loss recorded is the last one's tensor, so
+an added backward could forge it), and the FLOPs of one step (torch.utils.flop_counter). FLOPs may rise
 (recomputation is a legitimate trade); they may not fall beyond `flop_rtol`.
 """
 
@@ -73,9 +74,10 @@ def check_work(baseline: RunResult, candidate: RunResult, *, flop_rtol: float = 
         if b.backward_calls > 0 and c.backward_calls == 0:
             return fail(f"step {c.index} ({c.phase}): candidate called backward 0 times, baseline "
                         f"{b.backward_calls}: the step skips the backward pass", first_mismatch_step=c.index)
-        if b.backward_calls != c.backward_calls and not notes:
-            notes.append(f"backward calls per step differ from step {c.index}: "
-                         f"{b.backward_calls} -> {c.backward_calls}")
+        if b.backward_calls != c.backward_calls:
+            # the recorded loss is the tensor of the step's last backward: one more can forge it
+            return fail(f"step {c.index} ({c.phase}): candidate called backward {c.backward_calls} times, baseline "
+                        f"{b.backward_calls}", first_mismatch_step=c.index)
     if bf is None:
         return fail("baseline flops_per_step missing (run it with count_flops_step)")
     if cf is None:

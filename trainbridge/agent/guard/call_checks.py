@@ -19,6 +19,8 @@ from .vocabulary import (
     HARNESS_ENV,
     KNOB_PREFIXES,
     PATCH_ROOTS,
+    REFLECTION_CALLS,
+    REFLECTION_MODULES,
     SEED_CALLS,
     STREAM_CALLS,
 )
@@ -74,6 +76,16 @@ def _rule_calls(fb: _Facts, fa: _Facts, regions, target):
         na = sum(1 for c in fa.calls if c.name == name)
         if na < nb:
             yield "work_removed", 0, f".{name}() calls fell from {nb} to {na}"
+    # Rationale (backward_added): the recorded loss is the tensor backward() ran on.
+    nb, na = (sum(1 for c in f.calls if c.name == "backward") for f in (fb, fa))
+    if na > nb:
+        line = next((c.line for c in new_calls(lambda c: c.name == "backward")), 0)
+        yield "backward_added", line, f".backward() calls rose from {nb} to {na}"
+    # Rationale (reflection)
+    for c in new_calls(lambda c: c.dotted in REFLECTION_CALLS):
+        yield "reflection", c.line, f"adds {c.dotted}(): code that writes code or reaches into the interpreter"
+    for what, n in _new(fb.reflection, fa.reflection):
+        yield "reflection", fa.reflection_lines.get(what, 0), f"reaches {what}: the interpreter's internals"
     # Rationale (precision_change)
     for c in new_calls(lambda c: c.name in ("autocast", "half", "bfloat16") or "allow_hf32" in c.dotted):
         yield "precision_change", c.line, f"adds {c.dotted}(): precision changes"
@@ -95,6 +107,8 @@ def _rule_imports(fb: _Facts, fa: _Facts, regions, target):
         root = mod.split(".")[0]
         if any(mod == c or mod.startswith(c + ".") for c in CONCURRENCY_MODULES) or root == "trainbridge":
             yield "process_control", fa.import_lines.get(mod, 0), f"imports {mod}: concurrency or harness internals"
+        if root in REFLECTION_MODULES:
+            yield "reflection", fa.import_lines.get(mod, 0), f"imports {mod}: the interpreter's internals"
         if root == "torch_npu" and target in ("cpu", "cuda"):
             yield "target_api", fa.import_lines.get(mod, 0), f"imports torch_npu in a candidate for {target}"
 
@@ -102,6 +116,8 @@ def _rule_imports(fb: _Facts, fa: _Facts, regions, target):
 def _rule_patching(fb: _Facts, fa: _Facts, regions, target):
     before = Counter((d, f) for d, f, _ in fb.attr_assigns)
     roots = PATCH_ROOTS | set(fa.import_aliases)
+    # `t = time` then `t.perf_counter = ...`: a name bound to a library object patches that library
+    roots |= {name for name, value in fa.name_aliases.items() if value.split(".")[0] in roots}
     for d, f_, line in fa.attr_assigns:
         if before[(d, f_)] > 0:
             before[(d, f_)] -= 1

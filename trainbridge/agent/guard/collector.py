@@ -24,6 +24,7 @@ from .vocabulary import (
     LOSS_CALLS,
     LOSS_DEFAULTS,
     LOSS_EQUIVALENT,
+    REFLECTION_ATTRIBUTES,
 )
 
 
@@ -109,6 +110,9 @@ class _Collector(cst.CSTVisitor):
 
     # -- bindings ------------------------------------------------------------------
     def visit_Assign(self, node):
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and \
+                isinstance(node.value, (cst.Name, cst.Attribute)) and (value := _dotted(node.value)):
+            self.f.name_aliases[node.targets[0].target.value] = value
         for t in node.targets:
             for name in target_names(t.target):
                 self._bind(name, node)
@@ -236,9 +240,22 @@ class _Collector(cst.CSTVisitor):
             self.f.forward_detach[self.scope] += 1
 
     def visit_Attribute(self, node):
-        if _dotted(node) == "sys.argv":
+        d = _dotted(node)
+        if d == "sys.argv":
             self.f.argv += 1
             self.f.argv_line = self.f.argv_line or self._line(node)
+        what = d if d in REFLECTION_ATTRIBUTES else node.attr.value if node.attr.value in REFLECTION_ATTRIBUTES \
+            else None
+        if what:
+            self._reflect(what, node)
+
+    def visit_Name(self, node):
+        if node.value == "__builtins__":
+            self._reflect(node.value, node)
+
+    def _reflect(self, what: str, node) -> None:
+        self.f.reflection[what] += 1
+        self.f.reflection_lines.setdefault(what, self._line(node))
 
     def visit_Subscript(self, node):
         v = node.value

@@ -125,6 +125,9 @@ class _Facts:
         return p.start.line if p else 0
     raises_exit: Counter = field(default_factory=Counter)
     forward_detach: Counter = field(default_factory=Counter)
+    reflection: Counter = field(default_factory=Counter)  # interpreter attribute reached (sys.modules, f_back) -> n
+    reflection_lines: dict = field(default_factory=dict)
+    name_aliases: dict = field(default_factory=dict)  # name -> dotted value of a plain `name = a.b` assignment
 
 
 def _new(counter_b: Counter, counter_a: Counter):

@@ -74,6 +74,11 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          "ignore_index, label smoothing and weights (a fused equivalent such as npu_cross_entropy_loss is fine)."),
     Rule("work_removed", "error", "backward(), optimizer step() and zero_grad() calls may not disappear: fewer of "
          "them is less work per step."),
+    Rule("backward_added", "error", "The loss the harness records is the tensor backward() runs on: a new "
+         "backward() call (on a tensor built from a reference file, say) can forge it."),
+    Rule("reflection", "error", "Code that writes code or reaches into the interpreter (exec, eval, compile, "
+         "__import__, importlib, sys.modules, gc's object lists, frame inspection, ctypes, os.system, sockets) can "
+         "reach the harness's clock and loss behind every other rule; a candidate adds none of it."),
     Rule("early_return", "error", "A return added to a forward function skips the layers after it."),
     Rule("layer_skip", "error", "Slicing or re-ranging the layer list, or changing how it is built, drops layers."),
     Rule("layer_build_changed", "warning", "The construction of a layer list changed (count or kind of layers): "

@@ -31,3 +31,14 @@ KNOB_PREFIXES = ("torch.backends.", "torch.npu.matmul.", "torch.npu.conv.", "tor
                  "torch.npu.config.", "torch._inductor.config.", "torch._dynamo.config.", "torch.set_float32_matmul")
 PATCH_ROOTS = {"torch", "time", "os", "sys", "builtins", "trainbridge", "random", "numpy", "np", "math", "gc",
                "torch_npu", "F", "nn", "dist", "functools", "datetime", "timeit"}
+# Calls that write code, load modules by name or reach into the interpreter, by dotted name.
+REFLECTION_CALLS = {"exec", "eval", "compile", "__import__", "importlib.import_module", "import_module",
+                    "importlib.reload", "reload", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+                    "sys._getframe", "inspect.currentframe", "inspect.stack", "inspect.getouterframes",
+                    "ctypes.CDLL", "ctypes.PyDLL", "ctypes.cdll.LoadLibrary", "os.system", "os.popen",
+                    "os.execv", "os.execve", "os.execl", "os.execvp", "os.fork", "os.spawnv", "socket.socket",
+                    "socket.create_connection", "builtins.exec", "builtins.eval", "globals"}
+REFLECTION_ATTRIBUTES = {"sys.modules", "sys.meta_path", "sys.path_hooks", "sys.settrace", "sys.setprofile",
+                         "sys.addaudithook", "builtins.__dict__", "__builtins__", "f_back", "f_globals", "f_locals",
+                         "gi_frame", "tb_frame", "__globals__", "__code__", "__closure__"}
+REFLECTION_MODULES = {"ctypes", "importlib", "inspect", "socket", "builtins", "runpy", "code", "codeop"}

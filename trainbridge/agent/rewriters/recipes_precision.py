@@ -20,7 +20,7 @@ from ...pysource.edits import Edits
 from ...pysource.shapes import dotted, kwarg, positional
 from ...pysource.sites import positions
 from ...pysource.syntax import code, walk
-from .recipe_base import NotApplicable, Recipe, Site, shorten
+from .recipe_base import Recipe, Site, shorten
 
 _BF16 = ("torch.bfloat16",)
 

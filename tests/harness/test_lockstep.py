@@ -1,0 +1,77 @@
+"""Lockstep timing: two live children take turns one step at a time.
+
+Each arm is the tiny harness program with a few lines prepended that append the arm's
+name to a shared log at every optimizer step; the log shows who stepped when.
+"""
+
+import shutil
+
+from trainbridge.harness.lockstep import run_lockstep
+from trainbridge.harness.runner import prepare_run
+from trainbridge.measure.timing import lockstep_session
+from trainbridge.workload import load_workload
+
+from tests.kits.paths import FIXTURES
+
+TINY = FIXTURES / "harness" / "tiny"
+HEAD = "import torch.nn.functional as F\n"
+
+
+def _program(arm: str, log, sleep_s: float = 0.01) -> dict[str, str]:
+    prelude = f"""
+import time as _time
+from torch.optim.optimizer import register_optimizer_step_post_hook as _post
+def _mark(opt, *a):
+    if isinstance(opt, torch.optim.Adam):  # one of the program's two optimizers: once a step
+        _time.sleep({sleep_s})
+        with open({str(log)!r}, "a") as f:
+            f.write("{arm}")
+_post(_mark)
+"""
+    text = (TINY / "train.py").read_text()
+    return {"train.py": text.replace(HEAD, HEAD + "import torch\n" + prelude, 1)}
+
+
+def _workload(tmp_path):
+    root = tmp_path / "workload"
+    if not root.exists():
+        shutil.copytree(TINY, root)
+    return load_workload(root)
+
+
+def test_two_children_take_turns_step_by_step(tmp_path):
+    wl, log = _workload(tmp_path), tmp_path / "steps.log"
+    arms = {a: prepare_run(wl, "cpu", out_dir=tmp_path / a, label=a, sources=_program(a, log), warmup_steps=2,
+                           measured_steps=4) for a in ("A", "B")}
+    ls = run_lockstep(arms, ["B", "A"])
+    assert ls.problem is None, ls.problem
+    assert all(len(r.measured_ms) == 4 for r in ls.results.values())
+    seq = log.read_text()  # the last step's hook never runs: the harness stops the program there
+    assert len(seq) == 10 and seq.count("A") == seq.count("B") == 5, seq
+    # after the first steps (start-up runs both at once), strict alternation, B first at every tie
+    assert seq[-8:] == "BABABABA", seq
+
+
+def test_a_crashed_arm_leaves_the_other_to_finish_and_drops_the_round(tmp_path):
+    wl, log = _workload(tmp_path), tmp_path / "steps.log"
+    crash = {"train.py": _program("B", log)["train.py"].replace("mode = sys.argv[1] if len(sys.argv) > 1 else "
+                                                                "\"normal\"", "mode = 'crash'")}
+    assert crash["train.py"] != _program("B", log)["train.py"]
+    arms = {"A": prepare_run(wl, "cpu", out_dir=tmp_path / "A", label="A", sources=_program("A", log),
+                             warmup_steps=2, measured_steps=3),
+            "B": prepare_run(wl, "cpu", out_dir=tmp_path / "B", label="B", sources=crash, warmup_steps=2,
+                             measured_steps=3)}
+    ls = run_lockstep(arms, ["A", "B"])
+    assert ls.results["A"].status == "ok", ls.results["A"].error
+    assert ls.results["B"].status != "ok" and ls.problem and "B run" in ls.problem
+
+
+def test_a_lockstep_session_has_the_shape_of_process_pairs(tmp_path):
+    wl, log = _workload(tmp_path), tmp_path / "steps.log"
+    wl = wl.model_copy(update={"manifest": wl.manifest.model_copy(update={
+        "steps": wl.manifest.steps.model_copy(update={"warmup": 2, "measured": 3})})})
+    s = lockstep_session(wl, "cpu", {"incumbent": _program("A", log), "candidate": _program("B", log)}, 2,
+                         out_dir=tmp_path / "session", seed=1)
+    assert s.scheme == "lockstep" and s.rounds_kept == 2 and not s.problems and s.violation is None
+    assert s.orders == [["incumbent", "candidate"], ["candidate", "incumbent"]]
+    assert all(len(run) == 3 and min(run) >= 10.0 for runs in s.runs_ms.values() for run in runs)
