@@ -104,6 +104,18 @@ def test_the_parents_time_replaces_the_childs_and_a_disagreement_is_named():
     assert "never signalled" in apply_parent_clock(missing, r, complete=True)
 
 
+def test_a_step_shorter_than_the_parents_wake_up_keeps_the_childs_time_within_the_parents_bound():
+    r = BoundaryReader()
+    r._previous_read_ns = 10 * MS
+    _feed(r, [(b"S", 0, 12), (b"E", 1, 12)])  # start and end came in one read at 12 ms, the read before at 10
+    _close(r)
+    assert r.steps[1].same_read and r.steps[1].max_ms == 2.0
+    short = [StepRecord(index=1, phase="measured", step_ms=0.4)]
+    assert apply_parent_clock(short, r, complete=True) is None and short[0].step_ms == 0.4
+    long = [StepRecord(index=1, phase="measured", step_ms=90.0)]
+    assert "at most 2.0 ms" in apply_parent_clock(long, r, complete=True)
+
+
 # ------------------------------------------------------------- real harness ----
 def _tiny(tmp_path):
     root = tmp_path / "workload"

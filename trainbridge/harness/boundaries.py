@@ -45,6 +45,10 @@ _now_ns = time.monotonic_ns  # bound at import, before any program code runs in 
 class ParentStep(BaseModel):
     index: int
     step_ms: float = Field(..., description="between the parent's stamps of the step's start and end messages")
+    max_ms: float = Field(..., description="the longest the step can have been: from the read before its start "
+                                           "message to the read of its end message")
+    same_read: bool = Field(False, description="start and end arrived in one read (the step was shorter than the "
+                                               "parent's wake-up): the parent bounds it, the child's clock measures")
 
 
 class BoundaryReader:
@@ -58,7 +62,10 @@ class BoundaryReader:
         self.steps: dict[int, ParentStep] = {}
         self.problems: list[str] = []
         self._start_ns: int | None = None
+        self._start_floor_ns: int | None = None  # the read before the one that brought the start message
         self._tentative_ns: int | None = None
+        self._tentative_floor_ns: int | None = None
+        self._previous_read_ns = _now_ns()
         self._expect_start = True
         self._thread = threading.Thread(target=self._read, name="step-boundaries", daemon=True)
 
@@ -89,6 +96,7 @@ class BoundaryReader:
                     self._on_message(kind, index, stamp)
                     if self.on_message is not None:
                         self.on_message(kind, index)
+                self._previous_read_ns = stamp
         finally:
             if self.on_message is not None:
                 self.on_message(b"", 0)  # the child closed its end: it ended
@@ -104,23 +112,26 @@ class BoundaryReader:
         elif index in self.steps:
             self._problem(f"step {index} ended twice")
         else:
-            self.steps[index] = ParentStep(index=index, step_ms=(end_ns - start_ns) / 1e6)
+            floor = self._start_floor_ns if self._start_floor_ns is not None else start_ns
+            self.steps[index] = ParentStep(index=index, step_ms=(end_ns - start_ns) / 1e6,
+                                           max_ms=(end_ns - floor) / 1e6, same_read=end_ns == start_ns)
 
     def _on_message(self, kind: bytes, index: int, stamp: int) -> None:
         if kind == b"S":
             if not self._expect_start and self._start_ns is not None:
                 self._problem(f"a start message inside a running step (before step {len(self.steps) + 1} ended)")
-            self._start_ns, self._expect_start = stamp, False
+            self._start_ns, self._start_floor_ns, self._expect_start = stamp, self._previous_read_ns, False
         elif self._expect_start and self._start_ns is not None:
             self._problem(f"message {kind!r} where a step start was due")
         elif kind == b"T":
-            self._tentative_ns = stamp
+            self._tentative_ns, self._tentative_floor_ns = stamp, self._previous_read_ns
         elif kind == b"E":
             self._record(index, self._start_ns, stamp)
             self._expect_start = True
         elif kind == b"L":
             self._record(index, self._start_ns, self._tentative_ns)
-            self._start_ns = self._tentative_ns  # the next step began where this one ended
+            # the next step began where this one ended
+            self._start_ns, self._start_floor_ns = self._tentative_ns, self._tentative_floor_ns
         else:
             self._problem(f"unknown boundary message {kind!r}")
 
@@ -139,6 +150,12 @@ def apply_parent_clock(steps: list[StepRecord], reader: BoundaryReader, *, compl
             problems.append(f"step {s.index} was never signalled to the parent")
             continue
         s.child_step_ms = s.step_ms
+        if parent.same_read:
+            # Shorter than the parent can resolve: the child's time stands if the parent's bound allows it.
+            if s.child_step_ms > parent.max_ms + TOLERANCE_MS:
+                problems.append(f"step {s.index}: the program's clock says {s.child_step_ms:.1f} ms, the parent "
+                                f"saw it take at most {parent.max_ms:.1f} ms")
+            continue
         s.step_ms = parent.step_ms
         gap = abs(parent.step_ms - s.child_step_ms)
         if gap > TOLERANCE_MS + TOLERANCE_REL * parent.step_ms:

@@ -136,7 +136,7 @@ class Sandbox:
         if event == "open" or event == "os.truncate":
             real = _real(args[0])
             if real is not None and _under(real, self.harness_roots) and not _under(real, (self.program_dir,)) \
-                    and (where := self._program_caller()) is not None:
+                    and not _under(real, self.read_only_roots) and (where := self._program_caller()) is not None:
                 raise SandboxViolation(f"sandbox: the program may not open the harness's own files ({real} at "
                                        f"{where}): which run this is is not the program's to know")
             if real is not None and self.private_roots and not self.may_open(real):
