@@ -1,11 +1,11 @@
 """How small an effect the acceptance rule resolves, and how often it is fooled, measured.
 
-    python benchmarks/calibration.py [--sessions 20] [--power-sessions 10] [--pairs 3]
-                                     [--effect 0.02] [--out benchmarks/results]
+    python benchmarks/calibration.py [--sessions 20] [--power-sessions 10] [--pairs 3] [--looks 3]
+                                     [--effect 0.02] [--schemes pairs,lockstep] [--out benchmarks/results]
 
-On nanogpt's cpu port, with the loop's own rule (`measure.acceptance.judge_with_second_look`
-at the 2% bar: one more session where the first is inconclusive or suspicious) and its
-default number of pairs, two timing schemes are run side by side, session by
+On nanogpt's cpu port, with the loop's own rule (`measure.acceptance.judge_sequentially` at
+the 2% bar: up to `--looks` sessions of `--pairs` rounds, each look at its group-sequential
+level) and its default number of pairs, the timing schemes are run side by side, session by
 session, so a drift of the machine falls on both:
 
 - **pairs**: one process per arm per round, one after the other (the loop's scheme);
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from scipy.stats import norm  # noqa: E402
 
 from trainbridge.harness.runner import port_sources  # noqa: E402
-from trainbridge.measure.acceptance import judge_with_second_look  # noqa: E402
+from trainbridge.measure.acceptance import judge_sequentially  # noqa: E402
 from trainbridge.measure.timing import TimingSession, candidate_session, lockstep_session  # noqa: E402
 from trainbridge.targets.capabilities import cpu_signature  # noqa: E402
 from trainbridge.workload import load_workload  # noqa: E402
@@ -80,9 +80,9 @@ def run_session(scheme: str, wl, incumbent, candidate, pairs: int, out: Path) ->
                             seed=SEED)
 
 
-def judged(time_session) -> dict:
-    """The loop's own rule on one measurement: a session, and a second one where the rule asks
-    for a second look (`acceptance.judge_with_second_look`)."""
+def judged(time_session, looks: int, pairs: int) -> dict:
+    """The loop's own rule on one measurement: a session, and more where the rule asks for
+    another look (`acceptance.judge_sequentially`)."""
     sessions = [time_session()]
 
     def again():
@@ -93,10 +93,12 @@ def judged(time_session) -> dict:
     row = {"rounds_kept": first.rounds_kept, "problems": first.problems}
     if first.rounds_kept < 2:
         return {**row, "decision": None}
-    inc, cand, comp, note = judge_with_second_look(first.pair("incumbent", "candidate"), again, bar=BAR,
-                                                   confidence=CONFIDENCE)
+    inc, cand, comp, note = judge_sequentially(first.pair("incumbent", "candidate"), again, bar=BAR,
+                                               confidence=CONFIDENCE, looks=looks, pairs_per_look=pairs)
     return {**row, "decision": comp.decision, "speedup": comp.speedup, "ci_low": comp.ci_low, "ci_high": comp.ci_high,
-            "second_look": note, "rounds_total": sum(s.rounds_kept for s in sessions),
+            "looks": len(sessions), "note": note, "rounds_total": sum(s.rounds_kept for s in sessions),
+            "run_medians_incumbent_ms": comp.run_medians_incumbent_ms,
+            "run_medians_candidate_ms": comp.run_medians_candidate_ms,
             "median_incumbent_ms": comp.median_incumbent_ms, "median_candidate_ms": comp.median_candidate_ms}
 
 
@@ -105,7 +107,7 @@ def summary(rows: list[dict], kind: str) -> dict:
     accepts = sum(r["decision"] == "accept" for r in done)
     logs = [math.log(r["speedup"]) for r in done]
     out = {"sessions": len(rows), "judged": len(done), "accepted": accepts,
-           "second_looks": sum(bool(r.get("second_look")) for r in done),
+           "mean_looks": statistics.mean(r.get("looks", 1) for r in done) if done else None,
            "rate": accepts / len(done) if done else None,
            "median_speedup": statistics.median([r["speedup"] for r in done]) if done else None,
            "median_ci_width": statistics.median([r["ci_high"] - r["ci_low"] for r in done]) if done else None}
@@ -119,17 +121,19 @@ def summary(rows: list[dict], kind: str) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"# Acceptance-rule calibration on nanogpt/cpu ({result['cpu']})", "",
              f"`python benchmarks/calibration.py --sessions {result['sessions']} --power-sessions "
-             f"{result['power_sessions']} --pairs {result['pairs']} --effect {result['effect']}` "
-             f"({result['minutes']:.0f} min, {result['date']}). Rule: accept when the 95% interval's low end "
-             f"clears {1 + BAR:.2f}x; {result['pairs']} rounds per session.", "",
-             "| scheme | A/A sessions | A/A false accepts | second looks | A/A median CI width | sd(log speedup) "
+             f"{result['power_sessions']} --pairs {result['pairs']} --looks {result['looks']} --effect "
+             f"{result['effect']} --schemes {','.join(result['schemes'])}` "
+             f"({result['minutes']:.0f} min, {result['date']}). Rule: accept when the interval's low end "
+             f"clears {1 + BAR:.2f}x, up to {result['looks']} sessions of {result['pairs']} rounds, each look at its "
+             f"group-sequential level (one-sided false-accept rate {(1 - CONFIDENCE) / 2:g} over all looks).", "",
+             "| scheme | A/A sessions | A/A false accepts | mean looks | A/A median CI width | sd(log speedup) "
              f"| MDE at 80% power | power at {100 * result['effect']:g}% (injected) | median measured speedup there |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for scheme in SCHEMES:
+    for scheme in result["schemes"]:
         aa, pw = result["schemes"][scheme]["aa"], result["schemes"][scheme]["power"]
         fmt = lambda v, f="{:.3f}": "-" if v is None else f.format(v)  # noqa: E731
         lines.append(f"| {scheme} | {aa['judged']} | {aa['accepted']} ({fmt(aa['rate'], '{:.0%}')}) | "
-                     f"{aa['second_looks']} | "
+                     f"{fmt(aa['mean_looks'], '{:.1f}')} | "
                      f"{fmt(aa['median_ci_width'])} | {fmt(aa.get('sd_log_speedup'), '{:.4f}')} | "
                      f"{fmt(aa.get('mde_80'), '{:.1%}')} | {pw['accepted']}/{pw['judged']} | "
                      f"{fmt(pw['median_speedup'])} |")
@@ -143,39 +147,48 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=20, help="A/A sessions per scheme (at least 20 for the figure)")
     ap.add_argument("--power-sessions", type=int, default=10)
     ap.add_argument("--pairs", type=int, default=3, help="rounds per session (the loop's default)")
+    ap.add_argument("--looks", type=int, default=3, help="sessions at most per measurement (the loop's default)")
+    ap.add_argument("--schemes", default=",".join(SCHEMES), help="timing schemes compared, comma-separated")
     ap.add_argument("--effect", type=float, default=0.02, help="injected true speedup for the power sessions")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "calibration")
     a = ap.parse_args()
-    if a.sessions < 1 or a.power_sessions < 0 or a.pairs < 2 or not 0 < a.effect < 1:
-        ap.error("need --sessions >= 1, --power-sessions >= 0, --pairs >= 2 and 0 < --effect < 1")
+    schemes = tuple(x for x in a.schemes.split(",") if x)
+    if a.sessions < 1 or a.power_sessions < 0 or a.pairs < 2 or a.looks < 1 or not 0 < a.effect < 1 \
+            or not schemes or set(schemes) - set(SCHEMES):
+        ap.error(f"need --sessions >= 1, --power-sessions >= 0, --pairs >= 2, --looks >= 1, 0 < --effect < 1 "
+                 f"and --schemes from {','.join(SCHEMES)}")
     wl = load_workload(ROOT / "workloads" / "nanogpt")
     port, _ = port_sources(wl, "cpu")
     t0 = time.monotonic()
-    rows: dict[str, dict[str, list]] = {s: {"aa": [], "power": []} for s in SCHEMES}
+    rows: dict[str, dict[str, list]] = {s: {"aa": [], "power": []} for s in schemes}
     for i in range(a.sessions):
-        for scheme in (SCHEMES if i % 2 == 0 else tuple(reversed(SCHEMES))):
-            r = judged(lambda: run_session(scheme, wl, port, port, a.pairs, a.work / f"aa-{scheme}-{i:02d}"))
+        for scheme in (schemes if i % 2 == 0 else tuple(reversed(schemes))):
+            r = judged(lambda: run_session(scheme, wl, port, port, a.pairs, a.work / f"aa-{scheme}-{i:02d}"),
+                       a.looks, a.pairs)
             rows[scheme]["aa"].append(r)
             print(f"A/A {i + 1}/{a.sessions} {scheme}: {r.get('decision')} {r.get('speedup', float('nan')):.3f} "
                   f"[{r.get('ci_low', float('nan')):.3f}, {r.get('ci_high', float('nan')):.3f}]", flush=True)
-    step_ms = statistics.median(r["median_incumbent_ms"] for s in SCHEMES for r in rows[s]["aa"] if r.get("decision"))
+    step_ms = statistics.median(r["median_incumbent_ms"] for s in schemes for r in rows[s]["aa"] if r.get("decision"))
     sleep_s = a.effect * step_ms / 1e3
     slow = slowed(port, wl.manifest.entry, sleep_s)
     for i in range(a.power_sessions):
-        for scheme in (SCHEMES if i % 2 == 0 else tuple(reversed(SCHEMES))):
-            r = judged(lambda: run_session(scheme, wl, slow, port, a.pairs, a.work / f"power-{scheme}-{i:02d}"))
+        for scheme in (schemes if i % 2 == 0 else tuple(reversed(schemes))):
+            r = judged(lambda: run_session(scheme, wl, slow, port, a.pairs, a.work / f"power-{scheme}-{i:02d}"),
+                       a.looks, a.pairs)
             rows[scheme]["power"].append(r)
             print(f"power {i + 1}/{a.power_sessions} {scheme}: {r.get('decision')} "
                   f"{r.get('speedup', float('nan')):.3f}", flush=True)
     result = {"cpu": cpu_signature(), "date": time.strftime("%Y-%m-%d"), "sessions": a.sessions,
-              "power_sessions": a.power_sessions, "pairs": a.pairs, "effect": a.effect, "step_ms": step_ms,
+              "power_sessions": a.power_sessions, "pairs": a.pairs, "looks": a.looks, "effect": a.effect,
+              "step_ms": step_ms,
               "sleep_ms": sleep_s * 1e3, "minutes": (time.monotonic() - t0) / 60,
               "schemes": {s: {"aa": summary(rows[s]["aa"], "aa"), "power": summary(rows[s]["power"], "power"),
-                              "raw": rows[s]} for s in SCHEMES}}
+                              "raw": rows[s]} for s in schemes}}
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "calibration.json").write_text(json.dumps(result, indent=1))
-    (a.out / "calibration.md").write_text(markdown(result))
+    stem = a.out / f"calibration-{a.looks}look{'s' if a.looks > 1 else ''}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
 
 

@@ -60,6 +60,9 @@ class CorrectnessConfig(_Strict):
     steps: int = Field(8, ge=1, description="steps compared")
     fp32_rtol: float = Field(2e-3, gt=0, description="relative loss tolerance when both run fp32")
     low_precision_rtol: float = Field(4e-2, gt=0, description="when either side runs bf16/fp16 math")
+    trained_steps: int = Field(32, ge=0, description="baseline steps trained once per run before the later-window "
+                                                     "check (measure.later_window); 0 turns that check off")
+    later_steps: int = Field(4, ge=1, description="steps compared from the trained state")
 
 
 class LimitsConfig(_Strict):

@@ -39,34 +39,62 @@ def _comp(speedup_runs_inc, speedup_runs_cand, bar):
     return compare(speedup_runs_inc, speedup_runs_cand, min_effect=bar, confidence=0.95)
 
 
-def test_a_gain_above_three_times_gets_a_second_look():
-    comp = _comp(runs(400, 3), runs(100, 3, seed=1), 0.02)
-    assert comp.decision == "accept" and acc.second_look(comp, 0.02) is acc.SecondLook.SUSPICIOUS
+def _seq(first, again, looks=3):
+    asked = []
+
+    def more():
+        asked.append(1)
+        return again
+    i, c, comp, note = acc.judge_sequentially(first, more, bar=0.02, confidence=0.95, looks=looks, pairs_per_look=3)
+    return i, c, comp, note, len(asked)
 
 
-def test_a_wide_interval_around_a_large_point_gain_gets_a_second_look():
-    inc = [[100.0] * 5, [130.0] * 5, [100.0] * 5]
-    cand = [[90.0] * 5, [88.0] * 5, [120.0] * 5]
-    comp = _comp(inc, cand, 0.02)
-    assert comp.decision == "reject" and comp.speedup > 1.04
-    assert acc.second_look(comp, 0.02) is acc.SecondLook.INCONCLUSIVE
+def test_a_gain_above_three_times_is_looked_at_again():
+    inc, cand = runs(400, 3), runs(100, 3, seed=1)
+    assert _comp(inc, cand, 0.02).suspicious
+    i, c, comp, note, asked = _seq((inc, cand), (runs(400, 3, seed=2), runs(100, 3, seed=3)))
+    assert asked == 1 and len(i) == 6 and comp.decision == "accept" and "suspicious" in note
 
 
 def test_a_clear_result_is_judged_once():
     inc, cand = runs(110, 3, seed=4), runs(100, 3, seed=5)
-    asked = []
-    *_, comp, note = acc.judge_with_second_look((inc, cand), lambda: asked.append(1) or (inc, cand), bar=0.02,
-                                                confidence=0.95)
-    assert comp.decision == "accept" and not asked and note == ""
+    i, c, comp, note, asked = _seq((inc, cand), (inc, cand))
+    assert comp.decision == "accept" and not asked and "look 1/3" in note
+    # judged at the first look's level, stricter than a single look's 95%
+    assert comp.confidence > 0.95
 
 
-def test_the_second_look_is_the_last_even_if_still_undecided():
-    inc = [[100.0] * 5, [130.0] * 5, [100.0] * 5]
-    cand = [[90.0] * 5, [88.0] * 5, [120.0] * 5]
-    asked = []
-    i, c, comp, note = acc.judge_with_second_look((inc, cand), lambda: asked.append(1) or (inc, cand), bar=0.02,
-                                                  confidence=0.95)
-    assert len(asked) == 1 and len(i) == len(c) == 6 and "inconclusive interval" in note
+WIDE_INC = [[100.0] * 5, [130.0] * 5, [100.0] * 5]
+WIDE_CAND = [[90.0] * 5, [88.0] * 5, [120.0] * 5]
+
+
+def test_an_interval_straddling_the_bar_gets_more_pairs_up_to_the_cap():
+    comp = _comp(WIDE_INC, WIDE_CAND, 0.02)
+    assert comp.decision == "reject" and comp.ci_low < 1.02 < comp.ci_high and comp.speedup > 1.04
+    i, c, comp, note, asked = _seq((WIDE_INC, WIDE_CAND), (WIDE_INC, WIDE_CAND))
+    assert asked == 2 and len(i) == len(c) == 9 and "look 3/3" in note
+
+
+def test_more_pairs_that_settle_it_stop_the_looks():
+    inc, cand = [[110.0] * 5, [112.0] * 5, [104.0] * 5], [[100.0] * 5] * 3
+    first = _comp(inc, cand, 0.02)
+    assert first.ci_low < 1.02 < first.ci_high and first.speedup > 1.05
+    steady_inc, steady_cand = runs(110, 3, seed=6), runs(100, 3, seed=7)
+    i, c, comp, note, asked = _seq((inc, cand), (steady_inc, steady_cand))
+    assert comp.decision == "accept" and asked == 1 and "look 2/3" in note
+
+
+def test_a_result_short_of_half_the_bar_is_not_timed_again():
+    inc, cand = [[100.0] * 5, [125.0] * 5, [100.0] * 5], [[100.0] * 5, [100.0] * 5, [125.0] * 5]
+    comp = _comp(inc, cand, 0.02)
+    assert comp.ci_low < 1.02 < comp.ci_high and comp.speedup < 1.01
+    *_, comp, note, asked = _seq((inc, cand), (inc, cand))
+    assert asked == 0 and comp.decision == "reject"
+
+
+def test_one_look_is_one_session_at_the_configured_confidence():
+    *_, comp, note, asked = _seq((WIDE_INC, WIDE_CAND), (WIDE_INC, WIDE_CAND), looks=1)
+    assert asked == 0 and abs(comp.confidence - 0.95) < 1e-9
 
 
 def test_the_repair_budget():

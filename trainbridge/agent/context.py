@@ -19,6 +19,7 @@ from ..ledger import models as ev
 from ..ledger.store import Ledger
 from ..profile.analysis import ProfileReport
 from ..workload import Workload
+from .evaluate import TrainedWindow
 from .rewriters.base import Rewriter
 from .state import RunConfig, RunPaths
 
@@ -89,6 +90,11 @@ class RunContext:
     # ---------------------------------------------------- run folder files ----
     def baseline_ref(self) -> RunResult:
         return RunResult.model_validate_json((self.paths.root / "baseline_ref.json").read_text())
+
+    def trained_window(self) -> TrainedWindow | None:
+        """The later-window reference (`measure.later_window`), or None where the manifest turns it off."""
+        path = self.paths.root / "trained_window.json"
+        return TrainedWindow.model_validate_json(path.read_text()) if path.exists() else None
 
     def profile(self) -> ProfileReport:
         return ProfileReport.model_validate_json(self.paths.profile.read_text())

@@ -18,6 +18,8 @@ from pydantic import BaseModel, Field
 from ..harness.models import RunResult
 from ..harness.runner import run_workload, sources_digest
 from ..measure.correctness import compare_losses
+from ..measure.later_window import PLUGIN as TRAINED_STATE_PLUGIN
+from ..measure.later_window import read_report as read_trained_state_report
 from ..measure.region_check import PLUGIN as REGION_PLUGIN
 from ..measure.region_check import changed_regions, read_results
 from ..measure.work import check_work
@@ -39,6 +41,62 @@ def reference_run(workload: Workload, target: str, files: dict[str, str], out_di
     return run_workload(workload, target, out_dir=out_dir, label=label, sources=files, warmup_steps=0,
                         measured_steps=k, count_ops=True, count_flops=True, seed=seed, npu_reference=npu_reference,
                         plugins=plugins, plugin_options=plugin_options)
+
+
+class TrainedWindow(BaseModel):
+    """The later window (`measure.later_window`): the baseline's trained state and its losses from there."""
+
+    state_path: str = Field(..., description="absolute path of the saved model + optimizer state")
+    trained_steps: int = Field(..., description="baseline steps trained before the state was saved")
+    steps: int = Field(..., description="steps run and compared from the trained state")
+    baseline_losses: list[float | None]
+
+
+def train_baseline_state(workload: Workload, target: str, files: dict[str, str], out_dir: Path, *, seed: int,
+                         trained_steps: int, steps: int, npu_reference: bool = False) -> TrainedWindow:
+    """Once per run: train the baseline `trained_steps` steps, save its state, and record its losses
+    over `steps` steps from that state (the reference every candidate's later window is held to)."""
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = out_dir / "trained_state.pt"
+    save = run_workload(workload, target, out_dir=out_dir, label="baseline-train", sources=files, warmup_steps=0,
+                        measured_steps=trained_steps, seed=seed, npu_reference=npu_reference,
+                        plugins=[TRAINED_STATE_PLUGIN],
+                        plugin_options={"mode": "save", "out": str(state), "after_step": str(trained_steps)})
+    if save.status != "ok" or not state.exists():
+        raise RuntimeError(f"training the baseline {trained_steps} steps for the later-window check failed "
+                           f"({save.status}): {(save.error or 'no state saved')[:500]}")
+    window = TrainedWindow(state_path=str(state), trained_steps=trained_steps, steps=steps, baseline_losses=[])
+    ref = trained_window_run(workload, target, files, out_dir, window, seed=seed, label="baseline-later",
+                             npu_reference=npu_reference)
+    if isinstance(ref, str):
+        raise RuntimeError(f"the baseline does not run from its own trained state: {ref}")
+    return window.model_copy(update={"baseline_losses": ref.losses})
+
+
+def trained_window_run(workload: Workload, target: str, files: dict[str, str], out_dir: Path,
+                       window: TrainedWindow, *, seed: int, label: str,
+                       npu_reference: bool = False) -> RunResult | str:
+    """`window.steps` steps of `files` from the trained state: the run, or why it did not load or run."""
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report_path = out_dir / f"{label}-{sources_digest(files)}.trained_state.json"
+    run = run_workload(workload, target, out_dir=out_dir, label=label, sources=files, warmup_steps=0,
+                       measured_steps=window.steps, seed=seed, npu_reference=npu_reference,
+                       plugins=[TRAINED_STATE_PLUGIN],
+                       plugin_options={"mode": "load", "trained_state": window.state_path,
+                                       "report_path": str(report_path)})
+    report = read_trained_state_report(run.plugin_outputs.get("trained_state"))
+    if report is not None and report.errors:
+        return report.errors[0]
+    if run.status != "ok":
+        return f"run {run.status}: {(run.error or '')[:500]}"
+    if report is None or not report.model_loaded or report.optimizers_loaded != report.optimizers_in_state:
+        loaded = "nothing" if report is None else (
+            f"model {'loaded' if report.model_loaded else 'not loaded'}, "
+            f"{report.optimizers_loaded}/{report.optimizers_in_state} optimizers")
+        return f"the trained state was not loaded ({loaded})"
+    return run
 
 
 def _region_check_options(original: dict[str, str], candidate: dict[str, str], changed: list[str], out_dir: Path,
@@ -112,7 +170,7 @@ def validate(
     workload: Workload, target: str, *, original: dict[str, str], candidate: dict[str, str],
     changed: list[str], baseline_ref: RunResult, out_dir: Path, seed: int, low_precision: bool,
     ops_removed: list[str], incumbent_ref: RunResult | None = None, npu_reference: bool = False,
-    compiled_region: bool = False, gemm_precision: str | None = None,
+    compiled_region: bool = False, gemm_precision: str | None = None, later_window: TrainedWindow | None = None,
 ) -> tuple[Validation, RunResult | None]:
     from .guard import check_candidate
 
@@ -157,5 +215,30 @@ def validate(
         return Validation(passed=False, stage="mechanism", reason=f"mechanism not confirmed: {note}",
                           details={"mechanism_confirmed": False, "mechanism": note, "loss": loss.reason,
                                    **region_note}), run
-    return Validation(passed=True, stage="work", reason="parse, guard, run, loss, work and region checks passed",
-                      details={"mechanism_confirmed": fell, "mechanism": note, "loss": loss.reason, **region_note}), run
+    details = {"mechanism_confirmed": fell, "mechanism": note, "loss": loss.reason, **region_note}
+    checks = "parse, guard, run, loss, work and region checks passed"
+    if later_window is not None:
+        why, later = _later_window_problem(workload, target, candidate, later_window, out_dir, seed=seed,
+                                           low_precision=low_precision, npu_reference=npu_reference)
+        if why is not None:
+            return Validation(passed=False, stage="later_window", reason=why, details=details), run
+        details["later_window"] = later
+        checks = "parse, guard, run, loss, work, region and later-window checks passed"
+    return Validation(passed=True, stage="work", reason=checks, details=details), run
+
+
+def _later_window_problem(workload: Workload, target: str, candidate: dict[str, str], window: TrainedWindow,
+                          out_dir: Path, *, seed: int, low_precision: bool,
+                          npu_reference: bool) -> tuple[str | None, str]:
+    """Why the candidate's losses from the trained state miss the baseline's (None when they match)."""
+    run = trained_window_run(workload, target, candidate, out_dir, window, seed=seed, label="validate-later",
+                             npu_reference=npu_reference)
+    where = f"from the baseline's state after {window.trained_steps} steps"
+    if isinstance(run, str):
+        return f"{where}: {run}", ""
+    c = workload.manifest.correctness
+    loss = compare_losses(window.baseline_losses, run.losses, rtol_fp32=c.fp32_rtol,
+                          rtol_low_precision=c.low_precision_rtol, low_precision=low_precision, steps=window.steps)
+    if not loss.passed:
+        return f"{where}: {loss.reason}", ""
+    return None, f"{where}: {loss.reason}"

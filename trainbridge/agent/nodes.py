@@ -23,7 +23,7 @@ from ..measure.timing import candidate_session, lockstep_session
 from ..profile.analysis import ProfileReport, analyse
 from .candidate import Candidate, Stage
 from .context import PortBlocked, RunContext
-from .evaluate import reference_run, validate as validate_candidate
+from .evaluate import reference_run, train_baseline_state, validate as validate_candidate
 from .planner import PlanItem, candidate_hypothesis, make_item, rank, site_pattern
 from .programs import read_program, unified_diff, write_program
 from .rewriters.base import Declined, Proposal
@@ -66,6 +66,12 @@ def baseline(state: RunState, runtime: Rt) -> dict:
         site = crash_site(ref.error, files) if ref.status == "crashed" else (ref.error or "").strip()[:500]
         raise RuntimeError(f"the ported program does not run ({ref.status}): {site}")
     (ctx.paths.root / "baseline_ref.json").write_text(ref.model_dump_json())
+    c = ctx.workload.manifest.correctness
+    if c.trained_steps:
+        ctx.report("baseline", detail=f"training {c.trained_steps} steps for the later-window check")
+        window = train_baseline_state(ctx.workload, cfg.target, files, out, seed=cfg.seed,
+                                      trained_steps=c.trained_steps, steps=c.later_steps, npu_reference=dry)
+        (ctx.paths.root / "trained_window.json").write_text(window.model_dump_json())
     runs = []
     for i in range(0 if dry else cfg.baseline_runs):
         ctx.report("baseline", detail=f"timing run {i + 1}/{cfg.baseline_runs}")
@@ -291,7 +297,7 @@ def validate(state: RunState, runtime: Rt) -> dict:
         changed=proposal.changed_files, baseline_ref=ctx.baseline_ref(), out_dir=cdir / "harness",
         seed=cfg.seed, low_precision=low, ops_removed=hyp.ops_removed,
         compiled_region=hyp.compiled_region, gemm_precision=hyp.gemm_precision,
-        incumbent_ref=incumbent_ref, npu_reference=cfg.dry_run,
+        incumbent_ref=incumbent_ref, npu_reference=cfg.dry_run, later_window=ctx.trained_window(),
     )
     if run is not None:
         (cdir / "validate_ref.json").write_text(run.model_dump_json())
@@ -354,8 +360,9 @@ def measure(state: RunState, runtime: Rt) -> dict:
             ctx.decide(cur.id, "rejected", "timing runs failed: " + "; ".join(problems),
                        state.get("incumbent_speedup", 1.0), Rule.TIMING_RUNS_FAILED)
             return {"current": None, "rejected": [cur.id]}
-        inc, cand, comp, note = acceptance.judge_with_second_look((inc, cand), time_pairs, bar=_bar(state, ctx),
-                                                                   confidence=cfg.confidence)
+        inc, cand, comp, note = acceptance.judge_sequentially((inc, cand), time_pairs, bar=_bar(state, ctx),
+                                                              confidence=cfg.confidence, looks=cfg.looks,
+                                                              pairs_per_look=cfg.timing_pairs)
     except _TimedRunMismatch as e:
         return _reject_or_repair(state, ctx, cur, "timed run", str(e), Rule.TIMED_RUN_MISMATCH)
 

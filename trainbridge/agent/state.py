@@ -31,6 +31,8 @@ class RunConfig(BaseModel):
     budget_candidates: int = 12
     budget_minutes: float = 18.0
     timing_pairs: int = Field(3, description="interleaved incumbent/candidate process pairs per candidate")
+    looks: int = Field(3, ge=1, description="timing sessions at most per candidate: an undecided one gets more "
+                                            "pairs under a group-sequential plan (measure.sequential)")
     timing_scheme: Literal["pairs", "lockstep"] = Field(
         "lockstep", description="how a candidate is timed against the incumbent: process pairs one after the other, or "
                              "both processes alive and taking turns step by step (harness/lockstep.py)")

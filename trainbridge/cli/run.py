@@ -26,7 +26,9 @@ def run(
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (or OPENAI_BASE_URL)"),
     budget: int = typer.Option(10, help="most candidates to try"),
     minutes: float = typer.Option(13.0, help="time budget for port + baseline + loop, in minutes (the final measurement follows)"),
-    pairs: int = typer.Option(3, help="interleaved incumbent/candidate run pairs per candidate"),
+    pairs: int = typer.Option(3, help="interleaved incumbent/candidate run pairs per timing session"),
+    looks: int = typer.Option(3, help="timing sessions at most per candidate: an undecided one is timed again, "
+                                      "each look at a group-sequential level (1 = one session, no second look)"),
     timing: str = typer.Option("lockstep", help="lockstep (both programs alive, taking turns step by step; "
                                                 "benchmarks/calibration.py) | pairs (one process after the other)"),
     baseline_runs: int = typer.Option(6, help="baseline runs (also the A/A calibration sample, >= 4)"),
@@ -61,6 +63,8 @@ def run(
             wl = load_workload(workload)
             if dry_run and target != "npu":
                 raise ValueError("--dry-run is for --target npu (other targets are measured here)")
+            if looks < 1:
+                raise ValueError(f"--looks {looks}: at least 1")
             if timing not in ("pairs", "lockstep"):
                 raise ValueError(f"--timing {timing}: choose pairs or lockstep")
             if agent not in ("recipes", "llm", "llm+recipes"):
@@ -68,7 +72,8 @@ def run(
             cfg = RunConfig(
                 run_id=new_run_id(wl.manifest.name, target), workload=str(wl.root), target=target,
                 agent=agent, evidence=str(evidence.resolve()) if evidence else None, evidence_device=evidence_device,
-                budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs, timing_scheme=timing, baseline_runs=baseline_runs,
+                budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs, timing_scheme=timing, looks=looks,
+                baseline_runs=baseline_runs,
                 collect=not skip_collect, allow_no_evidence=allow_no_evidence, dry_run=dry_run,
                 compare_compile=not no_compile_compare, llm_model=model, llm_base_url=base_url,
             )

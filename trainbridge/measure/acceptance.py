@@ -7,10 +7,13 @@ judge with these rules and the same bar.
   often than allowed, the bar is raised to what those splits need (rounded up to 0.5%), and
   that raised bar is the run's bar for everything after: decisions, the end-to-end figure,
   re-verification.
-- **A second look, never a third.** A gain above 3x from one change (suspicious), or a point
-  estimate well past the bar whose interval is too wide to decide (inconclusive), is timed
-  once more and judged on both sessions together. Looking again only at promising results
-  inflates the false-accept rate, so the rule allows one more look and no more.
+- **More pairs where undecided, under a computed error rate.** A candidate whose interval
+  straddles the bar, with its point estimate at least half-way there, is timed again (one
+  more session of pairs) up to `looks` sessions, and each look is judged at the level a
+  group-sequential plan gives it (`measure.sequential`): the false-accept rate over all
+  looks is the one-sided rate of a single look at the configured confidence, computed for
+  the plan's pair counts. A gain above 3x from one change (suspicious) is always looked at
+  a second time.
 - **Repairs.** A candidate a model wrote and that failed validation or timing goes back to
   the model with the exact failure, at most `MAX_LOOP_REPAIRS` times; inside one request the
   model's answer may be sent back `MAX_ANSWER_REPAIRS` times when it does not apply.
@@ -30,6 +33,8 @@ import math
 from enum import Enum
 from typing import Callable
 
+from . import sequential
+from .sequential import Spending
 from .statistics import AACalibration, Comparison, Runs, calibrate_aa, compare
 
 BAR_STEP = 0.005            # a raised bar is rounded up to a multiple of 0.5%
@@ -49,13 +54,6 @@ class Rule(str, Enum):
     TIMED_RUN_MISMATCH = "timed_run_mismatch"            # a timed run did other work than validation saw
     REWRITER_DECLINED = "rewriter_declined"              # no program to judge
     DRY_RUN_VALIDATED = "dry_run_validated"              # references only: kept, never a speedup
-
-
-class SecondLook(str, Enum):
-    """Why a first timing session is not believed on its own."""
-
-    SUSPICIOUS = "suspiciously large gain"
-    INCONCLUSIVE = "inconclusive interval"
 
 
 # ---------------------------------------------------------------------- bar ----
@@ -93,30 +91,26 @@ def judge(incumbent_runs: Runs, candidate_runs: Runs, *, bar: float, confidence:
     return compare(incumbent_runs, candidate_runs, min_effect=bar, confidence=confidence)
 
 
-def second_look(comp: Comparison, bar: float) -> SecondLook | None:
-    """Whether a first session's result must be timed once more before it is believed."""
-    if comp.suspicious:
-        return SecondLook.SUSPICIOUS
-    if comp.decision == "reject" and comp.speedup > 1 + 2 * bar and comp.ci_low <= 1 + bar < comp.ci_high:
-        return SecondLook.INCONCLUSIVE
-    return None
+def judge_sequentially(first: tuple[Runs, Runs], time_more: Callable[[], tuple[Runs, Runs]], *, bar: float,
+                       confidence: float, looks: int, pairs_per_look: int,
+                       spending: Spending = "pocock") -> tuple[Runs, Runs, Comparison, str]:
+    """Judge the first session at the plan's first level; while the result is undecided (or
+    suspicious) and looks remain, time one more session and judge all pairs at the next level.
 
-
-def judge_with_second_look(first: tuple[Runs, Runs], time_again: Callable[[], tuple[Runs, Runs]], *, bar: float,
-                           confidence: float) -> tuple[Runs, Runs, Comparison, str]:
-    """Judge one session; where `second_look` asks, time once more and judge both together.
-
-    Returns (incumbent runs, candidate runs, comparison, note on the second look or "").
+    Returns (incumbent runs, candidate runs, the last look's comparison, a note naming the look
+    and the plan's levels).
     """
-    inc, cand = first
-    comp = judge(inc, cand, bar=bar, confidence=confidence)
-    why = second_look(comp, bar)
-    if why is None:
-        return inc, cand, comp, ""
-    inc2, cand2 = time_again()
-    inc, cand = list(inc) + list(inc2), list(cand) + list(cand2)
-    comp = judge(inc, cand, bar=bar, confidence=confidence)
-    return inc, cand, comp, f"{why.value}: re-measured with a second set of pairs"
+    p = sequential.plan(looks, confidence, max(2, pairs_per_look), spending)
+    inc, cand = list(first[0]), list(first[1])
+    for look in range(1, looks + 1):
+        comp = judge(inc, cand, bar=bar, confidence=p.confidence_at(look))
+        undecided = comp.decision == "reject" and sequential.keep_looking(comp.speedup, comp.ci_low, comp.ci_high, bar)
+        if look == looks or not ((comp.suspicious and look == 1) or undecided):
+            break
+        more_inc, more_cand = time_more()
+        inc, cand = inc + list(more_inc), cand + list(more_cand)
+    why = " (suspicious gain: looked at again)" if comp.suspicious and look > 1 else ""
+    return inc, cand, comp, p.describe(look) + why
 
 
 def rule_of(comp: Comparison) -> Rule:
