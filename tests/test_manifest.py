@@ -63,3 +63,12 @@ def test_not_toml_and_no_manifest(tmp_path):
         load_workload(tmp_path)
     with pytest.raises(ManifestError, match="not valid TOML"):
         load_workload(_write(tmp_path, "name = = 1"))
+
+
+def test_the_work_per_step_is_checked_against_the_counted_work():
+    from trainbridge.workload import WorkConfig, work_note
+
+    assert work_note(WorkConfig(per_step=128), [128, 128, 128]) is None
+    note = work_note(WorkConfig(per_step=256, unit="tokens"), [128, 128, 129])
+    assert note and "per_step = 256" in note and "counted 128" in note
+    assert work_note(WorkConfig(per_step=5), []) is None

@@ -28,6 +28,12 @@ FUSED_ATTENTION = frozenset({
 """scaled_dot_product_attention's fused kernels (matrix-engine work inside)."""
 
 PRECISION_GEMMS = MATMUL | CONVOLUTION | CONVOLUTION_BACKWARD
+
+MODEL_RANDOM = frozenset({"native_dropout", "bernoulli", "bernoulli_", "feature_dropout", "alpha_dropout",
+                          "feature_alpha_dropout", "rrelu_with_noise"})
+"""Random draws inside a model's math (dropout and kin): a compiled region draws other numbers
+than eager unless Inductor falls back to eager's random kernels (harness `eager_random_streams`).
+Data sampling (`randint` of a batch) is not here: it happens outside the regions a candidate changes."""
 """The ops whose input dtype shows a precision change (autocast, a cast to fp32)."""
 
 GRAPH_LIBRARY_CALLS = MATMUL | {"_scaled_mm", "convolution"}

@@ -48,10 +48,23 @@ class StepsConfig(_Strict):
 
 
 class WorkConfig(_Strict):
-    """What one optimizer step processes; the harness checks it from the root module's inputs."""
+    """What one optimizer step processes; the harness counts it from the root module's inputs,
+    and the baseline's count is checked against `per_step` (`work_note`)."""
 
     unit: Literal["tokens", "samples"] = "tokens"
     per_step: int = Field(..., gt=0)
+
+
+def work_note(work: WorkConfig, counted: list[int]) -> str | None:
+    """Why the manifest's `[work] per_step` does not describe the steps the harness counted, or None."""
+    if not counted:
+        return None
+    median = sorted(counted)[len(counted) // 2]
+    if median == work.per_step:
+        return None
+    return (f"trainbridge.toml says [work] per_step = {work.per_step} {work.unit}; the harness counted {median} per "
+            "step (the root module's integer inputs, or its batch): work conservation uses the count, fix the "
+            "manifest (`trainbridge init` writes the counted value)")
 
 
 class CorrectnessConfig(_Strict):

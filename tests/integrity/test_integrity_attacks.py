@@ -234,3 +234,20 @@ def test_a_candidate_that_cheats_only_when_timed_is_caught_in_its_timed_runs(set
                                check=_timed_check(ref, wl))
     assert caught.violation and "work items" in caught.violation and "when it is timed" in caught.violation
     assert caught.rounds_kept == 0 and len(caught.orders) == 1, "the session stops at the first bad round"
+
+
+def test_a_candidate_that_changes_its_math_after_the_validated_steps_is_caught_in_its_timed_runs(setup):
+    # Validation runs K = 6 steps; from step 7 on this candidate drops the final norm. Its
+    # first K timed losses match the reference; the later ones miss the incumbent's run of the
+    # same round.
+    wl, port, ref, out = setup
+    late = _edit(port, "        x, y = get_batch(gen)\n",
+                 "        x, y = get_batch(gen)\n"
+                 "        if step == 6:\n"
+                 "            model.norm = nn.Identity()\n")
+    v = _validate(setup, late)
+    assert v.passed or v.stage == "mechanism", v  # its validated steps are the port's
+    caught = candidate_session(wl, "cpu", incumbent=port, candidate=late, pairs=1, out_dir=out, seed=1337,
+                               check=_timed_check(ref, wl))
+    assert caught.violation and "over all 15 timed steps" in caught.violation, caught.violation
+    assert "incumbent's run of the same round" in caught.violation

@@ -69,3 +69,24 @@ def test_autocast_reapply_applies_with_bf16_units(monkeypatch):
     monkeypatch.setenv("TRAINBRIDGE_FAST_BF16", "1")
     out = RECIPES["autocast_reapply"].apply({"train.py": PROGRAM}, "cpu")
     assert not isinstance(out, NotApplicable) and 'device_type="cpu"' in out.files["train.py"]
+
+
+def test_an_autocast_the_program_skips_on_cpu_is_taken_there_as_the_gpu_took_it():
+    # single-file-trainer style: the dtype chosen on the device's abilities, the autocast taken
+    # only off the cpu; the port keeps the GPU's dtype and notes the lost autocast
+    from trainbridge.targets.port_source import port_program
+
+    gpu = ("from contextlib import nullcontext\nimport torch\ndevice = 'cuda'\n"
+           "dtype = 'bfloat16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'float16'\n"
+           "device_type = 'cuda' if 'cuda' in device else 'cpu'\n"
+           "ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]\n"
+           "ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, "
+           "dtype=ptdtype)\n"
+           "lin = torch.nn.Linear(8, 8)\nwith ctx:\n    y = lin(torch.randn(2, 8))\n")
+    port = port_program({"train.py": gpu}, "cpu")
+    assert kit.load(port.files["train.py"])["y"].dtype == torch.float32  # the port: fp32
+    assert [c.line for c in port.changes if c.kind == "precision_lost"] == [7]
+    new, out = _apply("autocast_reapply", port.files["train.py"], "cpu", "train.py")
+    assert len(out.sites) == 1 and out.sites[0].line == 7
+    assert 'ctx = torch.autocast(device_type="cpu", dtype=ptdtype)' in new
+    assert kit.load(new)["y"].dtype == torch.bfloat16  # the GPU's precision, on the target

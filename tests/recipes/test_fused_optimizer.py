@@ -64,3 +64,39 @@ def test_fused_optimizer_not_applicable_when_the_choice_is_made():
     odd = "import torch\nopt = torch.optim.AdamW(ps, lr=1e-3, maximize=True)\n"
     assert isinstance(RECIPES["fused_optimizer"].apply({"p.py": odd}, "npu"), NotApplicable)  # NpuFused has no maximize
     assert isinstance(RECIPES["fused_optimizer"].apply({"p.py": odd}, "cpu"), RewriteProposal)
+
+
+HELPER = '''
+import inspect
+import torch
+
+def configure_optimizers(model, weight_decay, learning_rate, betas, device_type):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused_available = "fused" in inspect.signature(torch.optim.AdamW).parameters
+    use_fused = fused_available and device_type == "cuda"
+    extra_args = dict(fused=True) if use_fused else dict()
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra_args)
+
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+opt = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), DEVICE_TYPE)
+'''
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "cpu"])
+def test_a_helper_that_passes_fused_through_extra_args_is_not_given_fused_twice(device_type):
+    # the single-file-trainer form: param groups, a helper, and `**extra_args` that already holds
+    # fused=True when the program thinks it is on cuda; adding fused=True beside it would raise
+    src = HELPER.replace("DEVICE_TYPE", repr(device_type))
+    new, out = _apply("fused_optimizer", src, "cpu")
+    assert len(out.sites) == 1 and out.sites[0].qualname == "configure_optimizers"
+    assert '**{**extra_args, "fused": True, "foreach": None}' in new
+    opt = kit.load(new)["opt"]  # builds: no "multiple values for keyword argument 'fused'"
+    assert all(g["fused"] is True for g in opt.param_groups) and len(opt.param_groups) == 2
+
+
+def test_npu_leaves_a_construction_with_a_keyword_dict_alone():
+    src = HELPER.replace("DEVICE_TYPE", "'cuda'")
+    out = RECIPES["fused_optimizer"].apply({"p.py": src}, "npu")
+    assert isinstance(out, NotApplicable)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from ..aten_ops import MODEL_RANDOM
 from ..harness.models import RunResult
 from ..harness.runner import run_workload, sources_digest
 from ..measure.correctness import compare_losses
@@ -97,6 +98,15 @@ def trained_window_run(workload: Workload, target: str, files: dict[str, str], o
             f"{report.optimizers_loaded}/{report.optimizers_in_state} optimizers")
         return f"the trained state was not loaded ({loaded})"
     return run
+
+
+def random_ops(run: RunResult) -> str:
+    """The model's random operators per step in a run with an op count ('native_dropout x4'), or ''."""
+    if run.ops_per_step is None:
+        return ""
+    found = {op.removeprefix("aten."): n for op, n in run.ops_per_step.by_op.items()
+             if op.removeprefix("aten.").split(".")[0] in MODEL_RANDOM}
+    return ", ".join(f"{op} x{n}" for op, n in sorted(found.items()))
 
 
 def _region_check_options(original: dict[str, str], candidate: dict[str, str], changed: list[str], out_dir: Path,
@@ -216,6 +226,9 @@ def validate(
                           details={"mechanism_confirmed": False, "mechanism": note, "loss": loss.reason,
                                    **region_note}), run
     details = {"mechanism_confirmed": fell, "mechanism": note, "loss": loss.reason, **region_note}
+    if (drawn := random_ops(baseline_ref)):
+        details["random_ops"] = (f"{drawn} per step: compiled regions drew eager's random numbers in these runs "
+                                 "(Inductor fallback_random), so the losses compare the math")
     checks = "parse, guard, run, loss, work and region checks passed"
     if later_window is not None:
         why, later = _later_window_problem(workload, target, candidate, later_window, out_dir, seed=seed,

@@ -21,6 +21,7 @@ from ..measure.acceptance import Rule
 from ..measure.timed_runs import timed_run_problem
 from ..measure.timing import candidate_session, lockstep_session
 from ..profile.analysis import ProfileReport, analyse
+from ..workload import work_note
 from .candidate import Candidate, Stage
 from .context import PortBlocked, RunContext
 from .evaluate import reference_run, train_baseline_state, validate as validate_candidate
@@ -97,6 +98,7 @@ def baseline(state: RunState, runtime: Rt) -> dict:
         work_items_per_step=[s.work_items for s in ref.steps], ops_per_step=prof.ops_per_step,
         median_ms=median, verdict=prof.verdict, profile_path=str(ctx.paths.profile),
         aa=aa, min_effect=bar, environment=(ref.environment.model_dump() if ref.environment else {}),
+        notes=[n for n in [work_note(ctx.workload.manifest.work, [s.work_items for s in ref.steps])] if n],
     ))
     return {"phase": "collect", "baseline_median_ms": median, "min_effect": bar}
 

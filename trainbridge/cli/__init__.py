@@ -12,7 +12,7 @@ from .progress import RunProgress, step_progress
 
 # Command modules, imported for their registration on `app`; keep this order (it is the order of --help).
 # isort: off
-from . import profile, collect, run, ledger, records, doctor  # noqa: F401
+from . import init, profile, collect, run, ledger, records, doctor  # noqa: F401
 # isort: on
 from .ledger import ledger_cmd
 from .records import SHIPPED_SERIES, records_app, records_extract, records_run

@@ -1,4 +1,4 @@
-"""The `trainbridge` command line: profile, collect, run, ledger, records, doctor.
+"""The `trainbridge` command line: init, profile, collect, run, ledger, records, doctor.
 
 Each command is a thin layer over one pipeline stage; errors a user can fix (a bad
 manifest, a missing device) are printed as one clear message with exit code 2.

@@ -53,7 +53,7 @@ def collect_workload(workload, *, device: str = "cuda", out_dir: str | Path, tar
         measured_steps=measured_steps, plugins=[PLUGIN],
         plugin_options={"device": device, "out": str(raw_path), "source_root": str(workload.root),
                         "eager_steps": str(eager_steps)},
-        timeout_s=timeout_s,
+        timeout_s=timeout_s, eager_random_streams=False,  # Inductor's own random kernels are the evidence
     )
     written = result.plugin_outputs.get(PLUGIN_NAME)
     if result.status != "ok" or not written:

@@ -105,6 +105,11 @@ def run(req: RunRequest) -> RunResult:
         result.error = str(e)
         return result
     result.environment = _environment(req, target)
+    if req.eager_random_streams:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fallback_random = True
+        result.environment.eager_random_streams = True
     plugins = [load_plugin(spec, req.plugin_options) for spec in req.plugins]
     _seed_everything(req.seed)
     target.reset_peak_memory()

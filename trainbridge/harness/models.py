@@ -52,6 +52,9 @@ class RunRequest(BaseModel):
     step_gate_fd: int | None = Field(None, description="lockstep timing: before each step after the first, the "
                                      "child waits for one byte on this pipe (harness/lockstep.py)")
     sandbox: bool = Field(True, description="run the program under the audit hooks of harness/sandbox.py")
+    eager_random_streams: bool = Field(True, description="Inductor's fallback_random: a compiled region draws the "
+                                       "random numbers eager draws (dropout masks included), so a compiled "
+                                       "candidate is judged on its math; evidence capture turns it off")
     private_roots: list[str] = Field(default_factory=list, description="folders the program may not open files "
                                      "in, except its own folder and the harness's outputs (the run folder)")
     read_only_roots: list[str] = Field(default_factory=list, description="folders the program may not write in "
@@ -105,6 +108,7 @@ class Environment(BaseModel):
     hostname: str
     program_sha256: str = Field(..., description="hash of the program's Python sources as run")
     env_knobs: dict[str, str] = Field(default_factory=dict)
+    eager_random_streams: bool = Field(False, description="compiled regions drew eager's random numbers")
 
 
 class OpCount(BaseModel):

@@ -303,12 +303,16 @@ def prepare_run(
     env: dict[str, str] | None = None,
     npu_reference: bool = False,
     max_file_mb: float = MAX_FILE_MB,
+    eager_random_streams: bool = True,
 ) -> "PreparedRun":
     """Lay out a workload's program (ported to `target`, or the given `sources`) and the
     request, environment and limits its child runs under; `run_workload` runs it.
 
     `sources` maps relative paths to the program text to run (a candidate); by default the
     workload's own files ported to the target. Files go to `out_dir/<program digest>/`.
+    `eager_random_streams` (Inductor's fallback_random, on unless evidence is captured) makes a
+    compiled region's dropout draw eager's masks, in validation and timing alike: the loss
+    checks then compare math, at the price of eager random kernels inside compiled regions.
     """
     ensure_prepared(workload)
     m = workload.manifest
@@ -343,6 +347,7 @@ def prepare_run(
         plugins=plugins or [],
         plugin_options=plugin_options or {},
         npu_reference=npu_reference,
+        eager_random_streams=eager_random_streams,
         sandbox=m.limits.sandbox,
         read_only_roots=[str(workload.root.resolve())],
         private_roots=[str(r) for r in [run_folder_of(out_dir)] if r is not None],

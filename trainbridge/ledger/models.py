@@ -124,6 +124,8 @@ class BaselineMeasured(_Event):
                                                        "one, or more when the A/A check found the runs noisier")
     summary: Summary | None = Field(None, description="of the pooled runs; filled in when not given")
     environment: Environment | None = None
+    notes: list[str] = Field(default_factory=list, description="what the manifest says and the baseline did not "
+                                                              "(e.g. [work] per_step against the counted work)")
 
     @field_validator("environment", mode="before")
     @classmethod

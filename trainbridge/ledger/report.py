@@ -47,7 +47,8 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
                   f"{len(base.runs_ms)} runs; verdict **{base.verdict}**",
                   f"- ATen ops per step: {base.ops_per_step}; FLOPs per step: {base.flops_per_step}",
                   (f"- A/A calibration: false-accept rate {aa.false_accept_rate:.3f} over {aa.n_splits} splits "
-                   f"of the baseline runs; {aa.note}" if aa else "- A/A calibration: not run"), ""]
+                   f"of the baseline runs; {aa.note}" if aa else "- A/A calibration: not run"),
+                  *[f"- **note:** {n}" for n in base.notes], ""]
     lines += ["## Candidates", "",
               "| id | pattern | level | mechanism | predicted | measured | decision | reason |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -6,6 +6,10 @@ So each timed candidate run must show, step by step, the work the incumbent's ru
 same round did (same steps, same work items, as many backward calls), and
 its first losses must match the baseline's reference losses by the validation's own rule
 (both start from the same seed), and it must run what validation ran (`fingerprint_problem`).
+Validation sees only its K steps: a candidate that changes its math from step K + 1 on (a
+step counter, a clock) would pass it. So every timed step's loss is also held to the loss of
+the same step in the incumbent's run of the same round (same seed, same data, same steps),
+by the same rule over all timed steps.
 """
 
 from __future__ import annotations
@@ -63,10 +67,16 @@ def timed_run_problem(candidate: RunResult, incumbent: RunResult, reference_loss
     k = min(loss_steps, len(cs), len(reference_losses))
     if k < 1:
         return None
-    loss = compare_losses(reference_losses, [s.loss for s in cs], rtol_fp32=rtol_fp32,
-                          rtol_low_precision=rtol_low_precision, low_precision=low_precision, steps=k)
+    tol = {"rtol_fp32": rtol_fp32, "rtol_low_precision": rtol_low_precision, "low_precision": low_precision}
+    loss = compare_losses(reference_losses, [s.loss for s in cs], steps=k, **tol)
     if not loss.passed:
         return f"a timed candidate run's losses differ from the reference: {loss.reason}"
+    incumbent_losses = [s.loss for s in js]
+    if len(cs) > k and all(x is not None for x in incumbent_losses):
+        every = compare_losses(incumbent_losses, [s.loss for s in cs], steps=len(cs), **tol)
+        if not every.passed:
+            return (f"a timed candidate run's losses over all {len(cs)} timed steps differ from the incumbent's "
+                    f"run of the same round (validation saw {loss_steps}): {every.reason}")
     return None
 
 

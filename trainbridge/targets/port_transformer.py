@@ -19,6 +19,9 @@ change is a `PortChange` with its line:
   exactly like the public ports: on CPU tensors a cuda autocast does nothing, so the port runs
   fp32 where the GPU ran bf16. That is recorded as a `precision_lost` change (unchanged text)
   for the `autocast_reapply` recipe to repair later;
+* a dtype chosen on the device's abilities (`'bfloat16' if torch.cuda.is_available() and
+  torch.cuda.is_bf16_supported() else 'float16'`) keeps the GPU's choice (`port_precision.py`),
+  and an autocast taken only off the cpu is recorded as `precision_lost`;
 * GPU-only features are reported (kind `gpu_only_feature`, semantic_change True, nothing
   rewritten) with file:line: FP8 (`torch._scaled_mm`, float8 dtypes), FlexAttention
   (`flex_attention`, `create_block_mask`, `BlockMask`), FlashAttention-3 (`flash_attn_interface`,
@@ -42,6 +45,7 @@ from libcst.metadata import PositionProvider
 from ..pysource.shapes import dotted
 from ..pysource.syntax import code
 from .port_models import PortChange, PortTarget
+from .port_precision import gpu_branch
 from .registry import target_spec
 
 _CUDA_STR = re.compile(r"^cuda(:\d+)?$")
@@ -239,6 +243,24 @@ class _Porter(cst.CSTTransformer):
         elif self.target == "npu" and dev_arg is not None:
             self._note(node, "device", code(dev_arg), '"npu"',
                        "autocast device_type mapped to npu, as transfer_to_npu does at run time (16-bit math kept)")
+
+    def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:
+        if self.target != "cpu":
+            return updated
+        gpu = gpu_branch(original)
+        if gpu is not None:  # a dtype chosen on the device's abilities: the GPU's choice stays
+            self._forget_inside(original.test)
+            kept = updated.body if gpu is original.body else updated.orelse
+            self._note(original, "precision", code(original), code(kept),
+                       "precision chosen on the device's abilities, evaluated as the GPU answered them (the cpu "
+                       "port would otherwise pick the other branch)")
+            return kept
+        branches = [b for b in (original.body, original.orelse) if isinstance(b, cst.Call) and _is_autocast(b)]
+        if branches and "cpu" in code(original.test):
+            self._note(original, "precision_lost", code(original), code(original),
+                       "autocast only off the cpu: the cpu port takes the other branch and runs fp32 where the GPU "
+                       "ran 16-bit math (the autocast_reapply recipe repairs it)", semantic=True)
+        return updated
 
     # ------------------------------------------------------------------ calls ----
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:

@@ -4,7 +4,12 @@ cpu and cuda: `fused=True`. On CPU this is the vectorised `_fused_adamw_` kernel
 2.4); `foreach=True` is no help there: measured on this project's CPU (AdamW, 32 tensors,
 single thread) default 10.9 ms, foreach 10.6 ms, fused 1.5 ms p10 (2 small tensors: 0.26 /
 0.25 / 0.10 ms); fused and default agree to 1e-8 after 3 steps. Constructions that already
-choose `fused=` / `foreach=`, or use `capturable=` / `differentiable=`, are left alone.
+choose `fused=` / `foreach=`, or use `capturable=` / `differentiable=`, are left alone. A
+construction that passes a `**dict` (the single-file trainers' `**extra_args`, which holds
+`fused=` chosen by device) may already choose: adding `fused=True` next to it raises
+"got multiple values for keyword argument 'fused'" when it does. There the dict itself is
+overridden, `**{**extra_args, "fused": True, "foreach": None}` (foreach=None is the default
+and cannot clash with fused).
 
 npu: `torch_npu.optim.NpuFused{Adam,AdamW,SGD}` with the same arguments (only the ones
 those classes take). Caveat from the torch_npu docs: they pack the parameters and their
@@ -65,7 +70,8 @@ class FusedOptimizerRecipe(Recipe):
                 continue
             if target == "npu":
                 extra = {a.keyword.value for a in node.args if a.keyword is not None} - _NPU_ARGS[cls]
-                if extra or len([a for a in node.args if a.keyword is None]) > 1:
+                if extra or len([a for a in node.args if a.keyword is None and not a.star]) > 1 \
+                        or any(a.star for a in node.args):  # unknown keywords NpuFused* may not take
                     continue
             out.append((Site(file=rel, qualname=quals.get(pos.line(node), "<module>"), line=pos.line(node),
                              end_line=pos.end_line(node), text=shorten(code(node)), detail={"optimizer": cls}), node, cls))
@@ -109,6 +115,10 @@ class FusedOptimizerRecipe(Recipe):
             if target == "npu":
                 edits.sub(node, node.with_changes(func=expr(f"torch_npu.optim.NpuFused{cls}")))
                 npu = True
+            elif any(a.star == "**" for a in node.args):
+                args = [a.with_changes(value=expr(f'{{**{code(a.value)}, "fused": True, "foreach": None}}'))
+                        if a.star == "**" else a for a in node.args]
+                edits.sub(node, node.with_changes(args=args))
             else:
                 args = list(node.args)
                 last = args[-1]

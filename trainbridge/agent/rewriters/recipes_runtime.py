@@ -269,6 +269,19 @@ def _autocast_call(node: cst.Call, aliases: dict[str, str]):
     return dev, kwarg(node, "dtype") if kwarg(node, "dtype") is not None else (positional(node)[1] if len(positional(node)) > 1 else None)
 
 
+def _autocast_off_cpu(node, aliases: dict[str, str]):
+    """(autocast call, dtype node) for `A if <test naming "cpu"> else B` where one branch is an
+    autocast on a device chosen at run time: the GPU took the autocast, the cpu port does not."""
+    if not isinstance(node, cst.IfExp) or "cpu" not in code(node.test):
+        return None
+    for branch in (node.body, node.orelse):
+        got = isinstance(branch, cst.Call) and _autocast_call(branch, aliases)
+        if got and not isinstance(got[0], (str, cst.SimpleString)) \
+                and not m.matches(kwarg(branch, "enabled"), m.Name("False")):
+            return branch, got[1]
+    return None
+
+
 class AutocastRecipe(Recipe):
     def _sites(self, rel, text, target):
         pos = positions(text)
@@ -276,6 +289,14 @@ class AutocastRecipe(Recipe):
         out = []
         scope_of = pos.qualnames()
         for node in walk(pos.module):
+            off_cpu = _autocast_off_cpu(node, aliases)
+            if off_cpu is not None:  # `nullcontext() if device_type == "cpu" else torch.autocast(...)`
+                call, dtype = off_cpu
+                out.append((Site(file=rel, qualname=scope_of.get(pos.line(node), "<module>"), line=pos.line(node),
+                                 end_line=pos.end_line(node), text=shorten(code(node)),
+                                 detail={"from": "a device chosen at run time (none on cpu)",
+                                         "dtype": code(dtype) if dtype is not None else ""}), node, dtype))
+                continue
             if not isinstance(node, cst.Call):
                 continue
             got = _autocast_call(node, aliases)
@@ -305,6 +326,17 @@ class AutocastRecipe(Recipe):
         edits, done, notes = Edits(), [], []
         for site, node, dtype in found:
             if (site.qualname, site.line) not in want:
+                continue
+            if isinstance(node, cst.IfExp):
+                call = node.body if isinstance(node.body, cst.Call) else node.orelse
+                keep = [a for a in call.args
+                        if a.keyword is not None and a.keyword.value not in ("device_type", "dtype")]
+                dt = code(dtype) if dtype is not None else "torch.bfloat16"
+                edits.sub(node, expr(", ".join([f'torch.autocast(device_type="{target}"', f"dtype={dt}"]
+                                               + [code(a) for a in keep]) + ")"))
+                notes.append(f"{site.file}:{site.line}: the autocast the GPU took (the program skips it on cpu) is "
+                             f"taken on {target} too, dtype {dt} as the program chose it")
+                done.append(site)
                 continue
             dt = code(dtype) if dtype is not None else None
             to_bf16 = target == "cpu" and dt is not None and dt.endswith("float16") and not dt.endswith("bfloat16")
