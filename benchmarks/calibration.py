@@ -10,7 +10,9 @@ session, so a drift of the machine falls on both:
 
 - **pairs**: one process per arm per round, one after the other (the loop's scheme);
 - **lockstep**: both arms' processes alive together, taking turns one step at a time
-  (`harness.lockstep`).
+  (`harness.lockstep`), the next arm released once the last one stopped running;
+- **lockstep-unsettled**: the same, the next arm released at once (as lockstep was before
+  `harness.quiescence`: the waiting arm's OpenMP workers still spinning into the other's step).
 
 For each scheme:
 
@@ -41,13 +43,14 @@ sys.path.insert(0, str(ROOT))
 
 from scipy.stats import norm  # noqa: E402
 
+from trainbridge.harness import lockstep  # noqa: E402
 from trainbridge.harness.runner import port_sources  # noqa: E402
 from trainbridge.measure.acceptance import judge_sequentially  # noqa: E402
 from trainbridge.measure.timing import TimingSession, candidate_session, lockstep_session  # noqa: E402
 from trainbridge.targets.capabilities import cpu_signature  # noqa: E402
 from trainbridge.workload import load_workload  # noqa: E402
 
-SCHEMES = ("pairs", "lockstep")
+SCHEMES = ("pairs", "lockstep", "lockstep-unsettled")
 BAR = 0.02
 CONFIDENCE = 0.95
 SEED = 1337
@@ -76,8 +79,14 @@ def run_session(scheme: str, wl, incumbent, candidate, pairs: int, out: Path) ->
     if scheme == "pairs":
         return candidate_session(wl, "cpu", incumbent=incumbent, candidate=candidate, pairs=pairs, out_dir=out,
                                  seed=SEED)
-    return lockstep_session(wl, "cpu", {"incumbent": incumbent, "candidate": candidate}, pairs, out_dir=out,
-                            seed=SEED)
+    saved = lockstep.SETTLE_CAP_S
+    if scheme == "lockstep-unsettled":  # the scheme as it was: the next arm released at once
+        lockstep.SETTLE_CAP_S = 0.0
+    try:
+        return lockstep_session(wl, "cpu", {"incumbent": incumbent, "candidate": candidate}, pairs, out_dir=out,
+                                seed=SEED)
+    finally:
+        lockstep.SETTLE_CAP_S = saved
 
 
 def judged(time_session, looks: int, pairs: int) -> dict:
@@ -111,10 +120,11 @@ def summary(rows: list[dict], kind: str) -> dict:
            "rate": accepts / len(done) if done else None,
            "median_speedup": statistics.median([r["speedup"] for r in done]) if done else None,
            "median_ci_width": statistics.median([r["ci_high"] - r["ci_low"] for r in done]) if done else None}
-    if kind == "aa" and len(logs) >= 3:
+    if len(logs) >= 3:
         sd = statistics.stdev(logs)
         out["sd_log_speedup"] = sd
-        out["mde_80"] = math.exp((norm.ppf(0.975) + norm.ppf(0.8)) * sd) - 1
+        if kind == "aa":
+            out["mde_80"] = math.exp((norm.ppf(0.975) + norm.ppf(0.8)) * sd) - 1
     return out
 
 
@@ -127,8 +137,9 @@ def markdown(result: dict) -> str:
              f"clears {1 + BAR:.2f}x, up to {result['looks']} sessions of {result['pairs']} rounds, each look at its "
              f"group-sequential level (one-sided false-accept rate {(1 - CONFIDENCE) / 2:g} over all looks).", "",
              "| scheme | A/A sessions | A/A false accepts | mean looks | A/A median CI width | sd(log speedup) "
-             f"| MDE at 80% power | power at {100 * result['effect']:g}% (injected) | median measured speedup there |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"| MDE at 80% power | power at {100 * result['effect']:g}% (injected) | median measured speedup there "
+             "| sd(log speedup) there |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for scheme in result["schemes"]:
         aa, pw = result["schemes"][scheme]["aa"], result["schemes"][scheme]["power"]
         fmt = lambda v, f="{:.3f}": "-" if v is None else f.format(v)  # noqa: E731
@@ -136,7 +147,7 @@ def markdown(result: dict) -> str:
                      f"{fmt(aa['mean_looks'], '{:.1f}')} | "
                      f"{fmt(aa['median_ci_width'])} | {fmt(aa.get('sd_log_speedup'), '{:.4f}')} | "
                      f"{fmt(aa.get('mde_80'), '{:.1%}')} | {pw['accepted']}/{pw['judged']} | "
-                     f"{fmt(pw['median_speedup'])} |")
+                     f"{fmt(pw['median_speedup'])} | {fmt(pw.get('sd_log_speedup'), '{:.4f}')} |")
     lines += ["", f"Injected slowdown: {result['sleep_ms']:.2f} ms per step on a median step of "
                   f"{result['step_ms']:.1f} ms (A/A sessions)."]
     return "\n".join(lines) + "\n"

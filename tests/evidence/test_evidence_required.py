@@ -46,7 +46,7 @@ def test_readme_command_from_the_repository_root_collects_and_plans_with_evidenc
     (tmp_path / "workloads").mkdir()
     small_nanogpt(tmp_path / "workloads")
     proc = subprocess.run([*_trainbridge(), "run", "workloads/nanogpt", "--budget", "1", "--pairs", "1",
-                           "--baseline-runs", "4", "--no-compile-compare"],
+                           "--looks", "1", "--baseline-runs", "4", "--no-compile-compare"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -75,3 +75,87 @@ def test_a_lockstep_session_has_the_shape_of_process_pairs(tmp_path):
     assert s.scheme == "lockstep" and s.rounds_kept == 2 and not s.problems and s.violation is None
     assert s.orders == [["incumbent", "candidate"], ["candidate", "incumbent"]]
     assert all(len(run) == 3 and min(run) >= 10.0 for runs in s.runs_ms.values() for run in runs)
+
+
+def _spinning_program(log, spin_s: float) -> dict[str, str]:
+    """The tiny program whose Adam step leaves a thread busy for `spin_s` after it, as OpenMP workers
+    spin after a parallel region; the thread logs when it stops."""
+    prelude = f"""
+import sys as _sys
+import threading as _threading
+import time as _time
+_sys.setswitchinterval(1e-4)  # the spinning thread hands the GIL back at once: the step ends while it spins
+from torch.optim.optimizer import register_optimizer_step_pre_hook as _pre
+def _spin():
+    t = _time.monotonic()
+    while _time.monotonic() - t < {spin_s}:
+        pass
+    with open({str(log)!r}, "a") as f:
+        f.write(f"spin-end {{_time.monotonic()}}\\n")
+def _start_spin(opt, *a):
+    if isinstance(opt, torch.optim.Adam):
+        _threading.Thread(target=_spin, daemon=True).start()
+_pre(_start_spin)
+"""
+    text = (TINY / "train.py").read_text()
+    return {"train.py": text.replace(HEAD, HEAD + "import torch\n" + prelude, 1)}
+
+
+def _marking_program(log) -> dict[str, str]:
+    prelude = f"""
+import time as _time
+from torch.optim.optimizer import register_optimizer_step_pre_hook as _pre
+def _mark(opt, *a):
+    if isinstance(opt, torch.optim.Adam):
+        with open({str(log)!r}, "a") as f:
+            f.write(f"other-step {{_time.monotonic()}}\\n")
+_pre(_mark)
+"""
+    text = (TINY / "train.py").read_text()
+    return {"train.py": text.replace(HEAD, HEAD + "import torch\n" + prelude, 1)}
+
+
+def test_the_next_arm_waits_until_the_last_one_stops_running(tmp_path):
+    """A waiting arm whose threads still run (OpenMP workers spinning after a parallel region) would
+    take a core from the arm being measured: the other arm is released only once it is quiet."""
+    wl, log = _workload(tmp_path), tmp_path / "times.log"
+    arms = {"spinner": prepare_run(wl, "cpu", out_dir=tmp_path / "s", label="spinner",
+                                   sources=_spinning_program(log, 0.06), warmup_steps=2, measured_steps=4),
+            "other": prepare_run(wl, "cpu", out_dir=tmp_path / "o", label="other", sources=_marking_program(log),
+                                 warmup_steps=2, measured_steps=4)}
+    ls = run_lockstep(arms, ["spinner", "other"])
+    assert ls.problem is None, ls.problem
+    waits = ls.settle_ms["spinner"]
+    assert len(waits) >= 4 and sum(w >= 30 for w in waits) >= 3, waits  # it waited out the spin
+    assert max(ls.settle_ms["other"]) < 30, ls.settle_ms["other"]
+    assert ls.unsettled == {"spinner": 0, "other": 0}
+    events = [(kind, float(t)) for kind, t in (line.split() for line in log.read_text().splitlines())]
+    spins = [t for kind, t in events if kind == "spin-end"]
+    others = [t for kind, t in events if kind == "other-step"]
+    assert len(spins) >= 4 and len(others) >= 5, events
+    # once the turns began (start-up and the first, late-closed step run freely), no step of the
+    # other arm began while the spinner's thread was still running
+    during = [o for o in others for s in spins[2:] if s - 0.06 < o < s]
+    assert not during, events
+
+
+def test_an_arm_that_never_stops_running_is_named_in_the_sessions_problems(tmp_path):
+    """A program whose background thread never sleeps cannot be waited out: the next arm is
+    released at the cap, and the session says the arms were not alone (the round is kept)."""
+    wl, log = _workload(tmp_path), tmp_path / "times.log"
+    wl = wl.model_copy(update={"manifest": wl.manifest.model_copy(update={
+        "steps": wl.manifest.steps.model_copy(update={"warmup": 2, "measured": 2})})})
+    text = (TINY / "train.py").read_text()
+    forever = {"train.py": text.replace(HEAD, HEAD + """import sys as _sys
+import threading as _threading
+_sys.setswitchinterval(1e-4)
+def _forever():
+    while True:
+        pass
+_threading.Thread(target=_forever, daemon=True).start()
+""", 1)}
+    s = lockstep_session(wl, "cpu", {"incumbent": forever, "candidate": _marking_program(log)}, 1,
+                         out_dir=tmp_path / "session", seed=1)
+    assert s.rounds_kept == 1 and s.violation is None
+    assert any("kept, not alone: incumbent still running" in p for p in s.problems), s.problems
+    assert min(s.settle_ms["incumbent"][0]) >= 100  # waited to the cap after each of its steps

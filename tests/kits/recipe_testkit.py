@@ -161,11 +161,16 @@ def standin_torch_npu() -> types.ModuleType:
         e = input.new_empty(0)
         return loss, torch.log_softmax(input.float(), -1), e, e
 
+    def npu_gelu(input, approximate="none"):
+        if approximate not in ("none", "tanh"):
+            raise ValueError("npu_gelu: approximate is 'none' or 'tanh'")
+        return F.gelu(input, approximate=approximate)
+
     optim = types.ModuleType("torch_npu.optim")
     optim.NpuFusedAdamW = type("NpuFusedAdamW", (_FusedMixin, torch.optim.AdamW), {})
     optim.NpuFusedAdam = type("NpuFusedAdam", (_FusedMixin, torch.optim.Adam), {})
     optim.NpuFusedSGD = type("NpuFusedSGD", (_FusedMixin, torch.optim.SGD), {})
-    for f in (npu_rms_norm, npu_rotary_mul, npu_fusion_attention, npu_cross_entropy_loss):
+    for f in (npu_rms_norm, npu_rotary_mul, npu_fusion_attention, npu_cross_entropy_loss, npu_gelu):
         setattr(mod, f.__name__, f)
     mod.optim = optim
     return mod

@@ -168,12 +168,59 @@ def test_an_empty_output_folder_is_one_line_and_exit_2(invoke, tmp_path):
     assert "none of step_trace_time.csv" in line
 
 
+def _op(name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def _two_step_trace():
+    """Two 10 ms steps; in each, aten::linear (6 ms) holds aten::addmm (5 ms), then aten::relu (1 ms)."""
+    events = []
+    for k, t0 in ((1, 0), (2, 10_000)):
+        events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "ts": t0, "dur": 10_000,
+                    "pid": 7, "tid": 1},
+                   _op("aten::linear", t0 + 100, 6000), _op("aten::addmm", t0 + 200, 5000),
+                   _op("aten::relu", t0 + 7000, 1000)]
+    return {"traceEvents": events + [{"ph": "M", "name": "process_name"}, {"ph": "X", "name": "bad"}]}
+
+
 @pytest.mark.parametrize("give_file", [False, True])
-def test_a_pytorch_trace_is_not_analysed_yet(invoke, tmp_path, give_file):
+def test_a_pytorch_trace_gets_the_report_a_live_profile_prints(invoke, tmp_path, give_file):
     trace = tmp_path / "host_4242.1741200000000.pt.trace.json"
-    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 5}]}))
-    line = one_line_error(invoke(trace if give_file else tmp_path))
-    assert "PyTorch profiler trace" in line and "only Ascend profiler folders are analysed by this command yet" in line
+    trace.write_text(json.dumps(_two_step_trace()))
+    r = invoke(trace if give_file else tmp_path, "--json", tmp_path / "out" / "report.json")
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["step"]["n"] == 2 and report["step"]["median_ms"] == pytest.approx(10.0)
+    ops = {o["name"]: o for o in report["all_ops"]}
+    assert ops["aten::addmm"]["self_ms_per_step"] == pytest.approx(5.0)
+    assert ops["aten::linear"]["self_ms_per_step"] == pytest.approx(1.0)  # 6 ms less the addmm inside it
+    assert ops["aten::relu"]["calls_per_step"] == pytest.approx(1.0)
+    assert report["op_self_ms_per_step"] == pytest.approx(7.0) and report["verdict"] == "host-bound"
+
+
+def test_a_real_torch_profiler_trace_is_read(invoke, tmp_path):
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=3),
+                                on_trace_ready=torch.profiler.tensorboard_trace_handler(str(tmp_path))) as prof:
+        for _ in range(4):
+            torch.relu(torch.randn(128, 128) @ torch.randn(128, 128))
+            prof.step()
+    r = invoke(tmp_path, "--json", tmp_path / "report.json")
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["step"]["n"] == 3 and any(o["name"] == "aten::mm" for o in report["all_ops"])
+    assert "aten::mm" in r.output
+
+
+def test_a_trace_without_operators_is_one_line_and_exit_2(invoke, tmp_path):
+    trace = tmp_path / "host_4242.1741200000000.pt.trace.json"
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "ProfilerStep#1", "ts": 0, "dur": 5}]}))
+    line = one_line_error(invoke(tmp_path))
+    assert "no operator (cpu_op) events" in line
+    trace.write_text("{not json")
+    assert "not a readable JSON trace" in one_line_error(invoke(trace))
 
 
 def test_options_of_the_other_mode_are_refused(invoke, tmp_path):

@@ -208,3 +208,64 @@ def test_attention_full_on_npu_and_additive_mask_refused(npu):
     only_optional = CLIP_STYLE.split("def attn_full")[0]
     refused = RECIPES["sdpa_attention"].apply({"p.py": only_optional}, "npu")
     assert isinstance(refused, NotApplicable) and "bool masks only" in refused.reason
+
+
+BMM_STYLE = """import math
+import torch
+
+
+def attn_baddbmm(q, k, v):
+    T = q.size(1)
+    s = torch.baddbmm(torch.empty(q.size(0), T, T, dtype=q.dtype), q, k.transpose(1, 2), beta=0,
+                      alpha=1 / math.sqrt(q.size(-1)))
+    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1), float("-inf"))
+    return torch.bmm(torch.softmax(s, dim=-1), v)
+
+
+def attn_bmm_divided(q, k, v):
+    s = torch.bmm(q, k.transpose(1, 2)) / math.sqrt(q.size(-1))
+    return torch.bmm(s.softmax(-1), v)
+
+
+def attn_baddbmm_adds_its_input(q, k, v, bias):
+    s = torch.baddbmm(bias, q, k.transpose(1, 2))
+    return torch.bmm(s.softmax(-1), v)
+"""
+
+
+def _qkv3(BH=4, T=8, D=16):
+    g = torch.Generator().manual_seed(5)
+    return [torch.randn(BH, T, D, generator=g).requires_grad_() for _ in range(3)]
+
+
+def test_bmm_and_baddbmm_attention_over_3d_operands_compute_the_same():
+    """Attention written with torch.baddbmm (beta=0, alpha = the scale; its first argument an
+    uninitialised torch.empty that beta=0 ignores) and torch.bmm, over (batch x heads, T, D)."""
+    new, out = _apply("sdpa_attention", BMM_STYLE, "cpu")
+    kinds = {s.qualname: s.detail for s in out.sites}
+    assert set(kinds) == {"attn_baddbmm", "attn_bmm_divided"}, kinds
+    assert kinds["attn_baddbmm"]["mask"] == "triu(ones, diagonal=1)" and "is_causal=True" in new
+    assert new.count("q.unsqueeze(0)") == 2 and new.count(".squeeze(0)") == 2  # 4-D: the fused cpu kernel
+    assert "baddbmm(torch.empty" not in new  # the scores statement went with the softmax
+    assert "baddbmm(bias" in new  # beta=1 adds `bias`: left alone
+    a, b = kit.load(BMM_STYLE), kit.load(new)
+    q, k, v = _qkv3()
+    for fn in ("attn_baddbmm", "attn_bmm_divided"):
+        kit.assert_close_and_aligned(_run(a[fn], q, k, v), _run(b[fn], q, k, v))
+
+
+def test_baddbmm_that_adds_its_input_is_explained_not_rewritten():
+    misses = RECIPES["sdpa_attention"].explain({"p.py": BMM_STYLE}, "cpu")
+    assert any("attn_baddbmm_adds_its_input" in m and "beta=1" in m for m in misses), misses
+
+
+@pytest.mark.parametrize("npu", kit.NPU_KINDS)
+def test_bmm_attention_on_npu_runs_as_bnsd_with_a_batch_of_one(npu):
+    new, out = _apply("sdpa_attention", BMM_STYLE, "npu")
+    assert "q.unsqueeze(0)" in new and ".squeeze(0)" in new and "sparse_mode=2" in new
+    a = kit.load(BMM_STYLE)
+    q, k, v = _qkv3()
+    with kit.fake_npu(npu):
+        b = kit.load(new)
+        for fn in ("attn_baddbmm", "attn_bmm_divided"):
+            kit.assert_close_and_aligned(_run(a[fn], q, k, v), _run(b[fn], q, k, v))

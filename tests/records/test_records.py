@@ -160,7 +160,8 @@ def test_records_run_end_to_end_on_one_record(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "trainbridge.cli", "records", "run", str(SERIES_LOGS), "--only", "5",
          "--set", "layers=2", "--set", "width=64", "--set", "heads=2", "--set", "seq=64", "--set", "batch=4",
-         "--budget", "1", "--minutes", "1", "--pairs", "2", "--baseline-runs", "4", "--min-run-s", "0.5",
+         "--budget", "1", "--minutes", "1", "--pairs", "2", "--looks", "1", "--baseline-runs", "4",
+         "--min-run-s", "0.5",
          "--out", "out"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -16,9 +16,10 @@ from .progress import step_progress
 @app.command()
 @user_errors
 def profile(
-    path: Path = typer.Argument(..., metavar="DIR", help="a workload folder (with trainbridge.toml) to run and profile, "
-                                                        "or a torch_npu profiler folder to analyse: *_ascend_pt, its "
-                                                        "ASCEND_PROFILER_OUTPUT, or a parent of one or more (one per rank)"),
+    path: Path = typer.Argument(..., metavar="DIR", help=(
+        "a workload folder (with trainbridge.toml) to run and profile, or a profiler output to analyse: a torch_npu "
+        "*_ascend_pt folder, its ASCEND_PROFILER_OUTPUT, a parent of one or more (one per rank), or a PyTorch "
+        "*.pt.trace.json (or its folder)")),
     target: str = TargetOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default runs/profile-<name>-<target>)"),
     measured: Optional[int] = typer.Option(None, help="measured steps (default: the manifest's)"),
@@ -31,7 +32,8 @@ def profile(
 
     `profile W --target cpu` runs workload W: step times, top operators, verdict; writes profile.json.
 
-    `profile DIR` reads a torch_npu profiler folder (no run): verdict, step breakdown, findings, suggestions.
+    `profile DIR` reads a torch_npu profiler folder (no run): verdict, step breakdown, findings, suggestions;
+    or a PyTorch profiler trace (*.pt.trace.json): the report a live profile prints.
     """
     if not _is_workload(path):
         if out is not None or measured is not None:
@@ -70,6 +72,21 @@ def _is_workload(path: Path) -> bool:
     return (path / MANIFEST_NAME).is_file() or (path.name == MANIFEST_NAME and path.is_file())
 
 
+def _analyse_torch_trace(path: Path, json_out: Optional[Path], top: int) -> None:
+    """`trainbridge profile DIR` on a PyTorch profiler trace: the report a live profile prints."""
+    from ..profile import render_profile
+    from ..profile.analysis import analyse_trace
+    from ..profile.torch_trace import load_torch_trace
+
+    window = load_torch_trace(path)
+    report = analyse_trace(window, Path(window.path).name, top=top)
+    render_profile(report, console)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(report.model_dump_json(indent=1))
+        console.print(f"wrote {json_out}")
+
+
 def _analyse_profile_folder(path: Path, json_out: Optional[Path], top: int) -> None:
     """`trainbridge profile DIR` on a torch_npu profiler folder: one report per rank folder found."""
     from pydantic import TypeAdapter
@@ -87,7 +104,8 @@ def _analyse_profile_folder(path: Path, json_out: Optional[Path], top: int) -> N
     try:
         ranks = analyse_ranks(path, top=top)
     except PyTorchTraceOnly:
-        raise
+        _analyse_torch_trace(path, json_out, top)
+        return
     except AscendProfileError as e:
         if path.is_dir():
             raise AscendProfileError(f"{e} (nor is it a workload: no trainbridge.toml)") from None

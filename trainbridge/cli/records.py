@@ -86,6 +86,8 @@ def records_run(
     minutes: float = typer.Option(3.0, help="loop time budget per record, in minutes"),
     pairs: int = typer.Option(3, help="interleaved timing pairs per candidate and for the end-to-end figure "
                                            "(2 pairs give a paired interval with one degree of freedom)"),
+    looks: int = typer.Option(3, help="timing sessions at most per candidate: an undecided one is timed again, "
+                                      "each look at its group-sequential level (as `trainbridge run --looks`)"),
     baseline_runs: int = typer.Option(4, help="baseline runs per record (>= 4)"),
     shards: Optional[Path] = typer.Option(None, help="folder with train_*.bin / val_*.bin shards (default: made locally)"),
     collect: bool = typer.Option(False, "--collect/--skip-collect", help="collect GPU evidence per record (slower)"),
@@ -118,7 +120,7 @@ def records_run(
         opts = RecordsRunOptions(
             target=target, source=str(src.resolve()), overrides=_parse_sets(sets),
             shards=str(shards.resolve()) if shards else None, budget_candidates=budget, budget_minutes=minutes,
-            timing_pairs=pairs, baseline_runs=baseline_runs, collect=collect, only=wanted,
+            timing_pairs=pairs, looks=looks, baseline_runs=baseline_runs, collect=collect, only=wanted,
             track=track or None, min_run_s=min_run_s, port_only=port_only)
     if src.is_file() and src.suffix == ".json":
         index = RecordIndex.model_validate_json(src.read_text())

@@ -82,7 +82,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 def _harness_write_dirs(req: RunRequest) -> list[str]:
     """Folders the harness and its plugins write in while the program runs (results, traces, outputs)."""
-    paths = [req.result_path, req.steps_path, req.profile_trace_path]
+    paths = [req.result_path, req.steps_path, req.profile_trace_path, req.profile_dir]
     paths += [v for k, v in req.plugin_options.items() if is_path_option(k)]
     return sorted({str(Path(p).parent) if Path(p).suffix else str(p) for p in paths if p})
 
@@ -158,8 +158,10 @@ def run(req: RunRequest) -> RunResult:
     if total_graphs:
         result.compiled_graphs_in_steps = total_graphs - (clock.graphs_at_root or 0)
     result.profile_ops = clock.profile_ops
-    if clock.profile_ops is not None and req.profile_trace_path:
-        result.profile_trace_path = req.profile_trace_path
+    if clock.profile_ops is not None and req.profile_dir and Path(req.profile_dir).is_dir():
+        result.profile_dir = req.profile_dir
+        traces = sorted(Path(req.profile_dir).glob("*.pt.trace.json"), key=lambda f: f.stat().st_mtime)
+        result.profile_trace_path = str(traces[-1]) if traces else None
     for p in plugins:
         try:
             out = p.finalize(status)

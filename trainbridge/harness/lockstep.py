@@ -10,6 +10,11 @@ step at any time: only steps started by a release count as measured alone
 (`LockstepResult.overlapped`), and steps before the first release (start-up, the first
 warm-up steps) may overlap.
 
+The next arm is released only once the arm that just ended its step is quiescent (no
+thread running: `quiescence`): OpenMP workers spin for milliseconds after a parallel region,
+and a spinning waiter took a core from the arm being measured. The wait lies between two
+measured steps and counts for neither; the time waited is kept (`LockstepResult.settle_ms`).
+
 Whether this resolves smaller effects than process pairs on a given machine is measured,
 not assumed: `benchmarks/calibration.py` compares the two.
 """
@@ -19,11 +24,15 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
 from .models import RunResult
+from .quiescence import wait_quiescent
 from .runner import _POLL_S, ChildRun, PreparedRun
+
+SETTLE_CAP_S = 0.1  # a waiting arm still running after this is left running (and counted as unsettled)
 
 
 class LockstepResult(BaseModel):
@@ -31,6 +40,11 @@ class LockstepResult(BaseModel):
     order: list[str] = Field(..., description="who ran first whenever both had finished the same number of steps")
     overlapped: dict[str, list[int]] = Field(default_factory=dict, description="per arm, measured steps that did "
                                              "not start by a release (they may have run beside the other arm)")
+    settle_ms: dict[str, list[float]] = Field(
+        default_factory=dict, description="per arm, after each of its steps: how long it took to stop running "
+                                          "before the other arm was released")
+    unsettled: dict[str, int] = Field(default_factory=dict, description="per arm, steps after which it was still "
+                                      f"running when the other arm was released ({SETTLE_CAP_S * 1e3:g} ms cap)")
 
     @property
     def problem(self) -> str | None:
@@ -42,17 +56,32 @@ class LockstepResult(BaseModel):
 
 
 class _Turns:
-    """Decides, on each child's boundary message, which child steps next (module doc)."""
+    """Decides, on each child's boundary message, which child steps next (module doc).
 
-    def __init__(self, order: list[str], total_steps: dict[str, int]):
+    The boundary readers only record a message and wake the releaser thread: a reader must
+    never wait (the next message it reads is stamped when read, so a reader held up would
+    stretch that arm's step). The releaser waits for the arm that ended a step to be
+    quiescent, then lets the next arm step.
+    """
+
+    def __init__(self, order: list[str], total_steps: dict[str, int],
+                 pid_of: Callable[[str], int | None] = lambda name: None):
         self.order = order
+        self.pid_of = pid_of
+        self.settle_ms: dict[str, list[float]] = {n: [] for n in order}
+        self.unsettled: dict[str, int] = {n: 0 for n in order}
         self.total_steps = total_steps
         self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.pending = False  # a message came: a release may be due
+        self.to_settle: list[str] = []  # arms that ended a step and wait at their gate
+        self.stopped = False
         self.running = {n: True for n in order}  # start-up counts as running
         self.done = {n: 0 for n in order}
         self.ended: set[str] = set()
         self.gates: dict[str, int] = {}
         self.released: dict[str, set[int]] = {n: set() for n in order}
+        self.thread = threading.Thread(target=self._releaser, name="lockstep-releaser", daemon=True)
 
     def on_message(self, name: str, kind: bytes, index: int) -> None:
         with self.lock:
@@ -60,6 +89,8 @@ class _Turns:
                 self.running[name], self.done[name] = False, index
                 if index >= self.total_steps[name]:  # its last step: it stops now, waiting for nothing
                     self.ended.add(name)
+                else:
+                    self.to_settle.append(name)
             elif kind == b"L":  # a late-closed first step: the next one is already running
                 self.done[name] = index
             elif kind == b"":
@@ -67,7 +98,42 @@ class _Turns:
                 self.ended.add(name)
             else:
                 return
-            self._release()
+            self.pending = True
+            self.wake.notify()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
+            self.wake.notify()
+        self.thread.join(timeout=SETTLE_CAP_S * 4 + 1)
+
+    def _releaser(self) -> None:
+        while True:
+            with self.lock:
+                while not (self.pending or self.stopped):
+                    self.wake.wait()
+                if self.stopped:
+                    return
+                settle, self.to_settle = self.to_settle, []
+                if not settle:  # every arm that stopped has been waited out: release
+                    self.pending = False
+                    self._release()
+                    continue
+            for name in settle:  # outside the lock: the readers go on reading meanwhile
+                self._settle(name)
+
+    def _settle(self, name: str) -> None:
+        """Wait (bounded) until the arm that just ended a step has stopped running (module doc)."""
+        pid = self.pid_of(name)
+        if pid is None:
+            return
+        q = wait_quiescent(pid, cap_s=SETTLE_CAP_S)
+        if q.readable:
+            self.settle_ms[name].append(round(q.waited_ms, 3))
+            self.unsettled[name] += not q.settled
 
     def _release(self) -> None:
         live = [n for n in self.order if n not in self.ended]
@@ -88,9 +154,15 @@ def run_lockstep(arms: dict[str, PreparedRun], order: list[str]) -> LockstepResu
     """Run the arms' children together, one step at a time each, in `order` at every tie."""
     if sorted(arms) != sorted(order) or len(order) < 2:
         raise ValueError(f"lockstep needs two or more arms, each once in order: {order} vs {sorted(arms)}")
-    turns = _Turns(order, {n: p.request.total_steps for n, p in arms.items()})
     children: dict[str, ChildRun] = {}
+
+    def pid_of(name: str) -> int | None:
+        child = children.get(name)
+        return child.proc.pid if child is not None and child.proc is not None else None
+
+    turns = _Turns(order, {n: p.request.total_steps for n, p in arms.items()}, pid_of)
     gate_reads: list[int] = []
+    turns.start()
     try:
         for name in order:
             p = arms[name]
@@ -115,6 +187,7 @@ def run_lockstep(arms: dict[str, PreparedRun], order: list[str]) -> LockstepResu
         for child in children.values():
             if child.proc is not None:
                 child.end()
+        turns.stop()  # before the gates close: a closed descriptor's number may be reused
         for fd in gate_reads + list(turns.gates.values()):
             try:
                 os.close(fd)
@@ -123,4 +196,5 @@ def run_lockstep(arms: dict[str, PreparedRun], order: list[str]) -> LockstepResu
     results = {n: c.finish(arms[n].timeout_s, arms[n].memory_limit_mb) for n, c in children.items()}
     overlapped = {n: [s.index for s in r.steps if s.phase == "measured" and s.index not in turns.released[n]]
                   for n, r in results.items()}
-    return LockstepResult(results=results, order=order, overlapped=overlapped)
+    return LockstepResult(results=results, order=order, overlapped=overlapped, settle_ms=turns.settle_ms,
+                          unsettled=turns.unsettled)

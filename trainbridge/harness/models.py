@@ -41,7 +41,9 @@ class RunRequest(BaseModel):
     # Optional instruments, each on its own step after the measured ones so they never
     # perturb a timed step: profiler window, ATen op count, FLOP count.
     profile_steps: int = 0
-    profile_trace_path: str | None = None
+    profile_trace_path: str | None = Field(None, description="unused by new requests: profile_dir holds the trace")
+    profile_dir: str | None = Field(None, description="the profiler's output folder (tensorboard_trace_handler): "
+                                    "`*.pt.trace.json` from torch.profiler, `*_ascend_pt/` from torch_npu's")
     count_ops_step: bool = False
     count_flops_step: bool = False
     npu_reference: bool = Field(False, description="dry run of an npu program on the CPU with the torch_npu references")
@@ -66,7 +68,8 @@ class RunRequest(BaseModel):
         # crosses this boundary is read or written in the wrong place (a capture once landed
         # under programs/<digest>/runs/... while the parent looked under runs/...).
         named = {"script": self.script, "cwd": self.cwd, "result_path": self.result_path,
-                 "steps_path": self.steps_path, "profile_trace_path": self.profile_trace_path}
+                 "steps_path": self.steps_path, "profile_trace_path": self.profile_trace_path,
+                 "profile_dir": self.profile_dir}
         named.update({f"plugin_options[{k!r}]": v for k, v in self.plugin_options.items() if is_path_option(k)})
         relative = [f"{k}={v!r}" for k, v in named.items() if v is not None and not PurePath(v).is_absolute()]
         if relative:
@@ -146,7 +149,8 @@ class RunResult(BaseModel):
     step_functions: dict[str, int] | None = Field(
         None, description="calls per step of the program's own functions ('file.py:qualname'), recorded on the "
                           "op-count step; None when no op-count step ran")
-    profile_trace_path: str | None = None
+    profile_trace_path: str | None = Field(None, description="the Chrome trace torch.profiler wrote in profile_dir")
+    profile_dir: str | None = Field(None, description="the profiler's output folder, kept with the run")
     profile_ops: list[dict] | None = Field(None, description="key_averages rows of the profiler window")
     program_log: list[LogLine] = Field(default_factory=list)
     wall_s: float = 0.0

@@ -341,7 +341,7 @@ def prepare_run(
         result_path=f"{stem}.json",
         steps_path=f"{stem}.steps.jsonl",
         profile_steps=profile_steps,
-        profile_trace_path=f"{stem}.trace.json" if profile_steps else None,
+        profile_dir=f"{stem}.profile" if profile_steps else None,
         count_ops_step=count_ops,
         count_flops_step=count_flops,
         plugins=plugins or [],

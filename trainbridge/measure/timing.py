@@ -34,6 +34,9 @@ class TimingSession(BaseModel):
     runs_ms: dict[str, list[list[float]]] = Field(
         ..., description="arm -> one list of measured step times (ms) per kept round, rounds in order")
     orders: list[list[str]] = Field(default_factory=list, description="the order the arms ran in, per round")
+    settle_ms: dict[str, list[list[float]]] = Field(
+        default_factory=dict, description="lockstep only: per arm and kept round, how long the arm took to stop "
+                                          "running after each step before the other arm was released")
     problems: list[str] = Field(default_factory=list, description="one line per dropped round: which run failed")
     violation: str | None = Field(None, description="a round's results failed the session's check: the session "
                                                     "stopped there, and the runs must not be believed")
@@ -133,6 +136,7 @@ def lockstep_session(workload, target: str, programs: dict[str, dict[str, str]],
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     names = list(programs)
     kept: dict[str, list[list[float]]] = {a: [] for a in names}
+    settle: dict[str, list[list[float]]] = {a: [] for a in names}
     orders, problems, violation = [], [], None
     for i in range(rounds):
         order = round_order(names, i)
@@ -154,5 +158,10 @@ def lockstep_session(workload, target: str, programs: dict[str, dict[str, str]],
             break
         for a in names:
             kept[a].append(list(ls.results[a].measured_ms))
+            settle[a].append(ls.settle_ms.get(a, []))
+        busy = {a: n for a, n in ls.unsettled.items() if n}
+        if busy:  # kept: the measured steps are valid, but the arms were not alone on the machine
+            problems.append(f"round {i + 1} of {rounds} kept, not alone: " + ", ".join(
+                f"{a} still running after {n} of its steps when the other arm was released" for a, n in busy.items()))
     return TimingSession(arms=names, scheme="lockstep", rounds_planned=rounds, runs_ms=kept, orders=orders,
-                         problems=problems, violation=violation)
+                         problems=problems, violation=violation, settle_ms=settle)

@@ -146,7 +146,8 @@ _SPECS = (
         }),
     PatternSpec(
         name="gelu", title="GELU fused in one GPU kernel", gap_class="fusion", level="L2",
-        eager_ops=("aten::gelu", "aten::gelu_backward"), removable_share=0.2,
+        eager_ops=("aten::gelu", "aten::gelu_backward", "aten::tanh", "aten::tanh_backward", "aten::erf",
+                   "aten::pow"), removable_share=0.2,
         signature_ops=frozenset({"gelu", "erf", "tanh"}),
         target_ops={
             "npu": (T(api="torch_npu.npu_gelu(x, approximate='none'|'tanh')", level="L2"),

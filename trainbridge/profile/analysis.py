@@ -75,6 +75,9 @@ class ProfileReport(BaseModel):
     step_functions: dict[str, int] | None = Field(
         None, description="the program's functions called in one training step ('file.py:qualname' -> calls); "
                           "None when the run recorded none")
+    profile_dir: str | None = Field(None, description="the profiler's own output folder, kept with the run")
+    ascend: dict | None = Field(None, description="on npu: the AscendProfileReport of the torch_npu profiler's "
+                                "folder (verdict, breakdown, findings), as `trainbridge profile DIR` prints it")
 
 
 def summarize_steps(raw: list[float], warmup: list[float]) -> StepTimes:
@@ -108,10 +111,39 @@ def analyse(result: RunResult, workload: str, *, top: int = 15) -> ProfileReport
     if not result.measured_ms:
         raise ValueError(f"run {result.status}: no measured steps to profile ({result.error})")
     step = summarize_steps(result.measured_ms, result.warmup_ms)
-    n_prof = max(1, result.request.profile_steps)
     prof_ms = [s.step_ms for s in result.steps if s.phase == "profile"]
-    prof_step_ms = statistics.fmean(prof_ms) if prof_ms else step.median_ms
-    rows = [r for r in (result.profile_ops or []) if _is_operator(r["name"])]
+    evidence: list[str] = []
+    on_npu = result.request.target == "npu" and not result.request.npu_reference  # not a dry run
+    ascend = _ascend_report(result.profile_dir, evidence) if on_npu else None
+    return _report(
+        workload=workload, target=result.request.target, step=step, n_prof=max(1, result.request.profile_steps),
+        prof_step_ms=statistics.fmean(prof_ms) if prof_ms else step.median_ms, profile_steps=len(prof_ms),
+        rows=result.profile_ops or [], ops=result.ops_per_step.total if result.ops_per_step else None,
+        distinct_ops=len(result.ops_per_step.by_op) if result.ops_per_step else None,
+        flops_per_step=result.flops_per_step, extra_evidence=evidence, top=top,
+        trace_path=result.profile_trace_path, step_functions=result.step_functions,
+        peak_memory_mb=result.peak_memory_mb, environment=result.environment.model_dump() if result.environment else {},
+        profile_dir=result.profile_dir, ascend=ascend)
+
+
+def analyse_trace(window, workload: str, *, top: int = 15) -> ProfileReport:
+    """The same report for a PyTorch profiler trace the user already has (`torch_trace`)."""
+    steps = window.step_ms or [window.window_ms]
+    step = summarize_steps(steps, [])
+    evidence = [] if window.step_ms else [
+        "no ProfilerStep#N annotations (a profiler without a schedule): the whole trace is taken as one step"]
+    return _report(workload=workload, target="trace", step=step, n_prof=len(steps), prof_step_ms=step.mean_ms,
+                   profile_steps=len(window.step_ms), rows=window.rows, ops=None, distinct_ops=len(window.rows),
+                   flops_per_step=None, extra_evidence=evidence, top=top, trace_path=window.path,
+                   device_busy_us=window.device_busy_us or None)
+
+
+def _report(*, workload: str, target: str, step: StepTimes, n_prof: int, prof_step_ms: float, profile_steps: int,
+            rows: list[dict], ops: int | None, distinct_ops: int | None, flops_per_step: int | None,
+            extra_evidence: list[str], top: int, trace_path: str | None, device_busy_us: float | None = None,
+            **fields) -> ProfileReport:
+    """Where the profiled step's time goes, and the verdict, from operator rows and step times."""
+    rows = [r for r in rows if _is_operator(r["name"])]
     total_self_us = sum(r["self_cpu_us"] for r in rows) or 1e-9
     kinds = {"gemm": 0.0, "elementwise/reduction": 0.0, "communication": 0.0, "other": 0.0}
     op_rows = []
@@ -130,11 +162,10 @@ def analyse(result: RunResult, workload: str, *, top: int = 15) -> ProfileReport
     gemm = kinds["gemm"] / total_self_us
     elem = kinds["elementwise/reduction"] / total_self_us
     comm = kinds["communication"] / total_self_us
-    device_us = sum(r.get("self_device_us", 0.0) for r in rows)
+    device_us = device_busy_us if device_busy_us is not None else sum(r.get("self_device_us", 0.0) for r in rows)
     device_busy = (device_us / 1e3 / n_prof) / prof_step_ms if device_us > 0 and prof_step_ms else None
-    ops = result.ops_per_step.total if result.ops_per_step else None
     mean_op_us = (op_ms * 1e3 / ops) if ops else None
-    gflops = (result.flops_per_step / (step.median_ms / 1e3) / 1e9) if result.flops_per_step else None
+    gflops = (flops_per_step / (step.median_ms / 1e3) / 1e9) if flops_per_step else None
 
     evidence = [
         f"median step {step.median_ms:.1f} ms over {step.n} steps (p10-p90 spread {step.rel_spread:.1%})",
@@ -160,15 +191,32 @@ def analyse(result: RunResult, workload: str, *, top: int = 15) -> ProfileReport
         evidence.append(f"elementwise/reduction share {elem:.1%} >= {SHARE_THRESHOLD:.0%}: fusion removes intermediate traffic")
     else:
         verdict = "unknown"
-    env = result.environment.model_dump() if result.environment else {}
     return ProfileReport(
-        workload=workload, target=result.request.target, step=step, profile_steps=len(prof_ms),
-        trace_path=result.profile_trace_path, ops_per_step=ops,
-        distinct_ops=len(result.ops_per_step.by_op) if result.ops_per_step else None,
-        flops_per_step=result.flops_per_step, achieved_gflops=gflops,
+        workload=workload, target=target, step=step, profile_steps=profile_steps,
+        trace_path=trace_path, ops_per_step=ops, distinct_ops=distinct_ops,
+        flops_per_step=flops_per_step, achieved_gflops=gflops,
         op_self_ms_per_step=op_ms, outside_ops_ms_per_step=outside_ms, outside_ops_share=outside_share,
         gemm_share=gemm, elementwise_share=elem, communication_share=comm,
         device_busy_share=device_busy, mean_op_us=mean_op_us, top_ops=op_rows[:top], all_ops=op_rows,
-        step_functions=result.step_functions,
-        verdict=verdict, evidence=evidence, peak_memory_mb=result.peak_memory_mb, environment=env,
+        verdict=verdict, evidence=evidence + extra_evidence, **fields,
     )
+
+
+def _ascend_report(profile_dir: str | None, evidence: list[str]) -> dict | None:
+    """The Ascend analysis of an npu run's torch_npu profiler folder; why not, in `evidence`."""
+    if not profile_dir:
+        evidence.append("no torch_npu profiler folder was written: the Ascend analysis did not run")
+        return None
+    from .ascend import AscendProfileError, analyse_ranks
+
+    try:
+        ranks = analyse_ranks(profile_dir)
+    except AscendProfileError as e:
+        evidence.append(f"the torch_npu profiler folder could not be analysed: {e}")
+        return None
+    for _, report in ranks:
+        if not isinstance(report, AscendProfileError):
+            evidence.append(f"Ascend profile: {report.verdict} ({report.path})")
+            return report.model_dump(mode="json")
+    evidence.append(f"the torch_npu profiler folder could not be analysed: {ranks[0][1] if ranks else 'empty'}")
+    return None

@@ -179,6 +179,7 @@ class RecordsRunOptions(BaseModel):
     budget_candidates: int = 3
     budget_minutes: float = 3.0
     timing_pairs: int = 3
+    looks: int = Field(3, ge=1, description="timing sessions at most per candidate (`trainbridge run --looks`)")
     baseline_runs: int = 4
     collect: bool = False
     only: list[int] | None = None
@@ -284,8 +285,8 @@ def _one_record(entry, row, old, out, opts, overrides, shards, results, reporter
     row.measured_steps = size_measured_steps(dest, check.median_step_ms, min_run_s=opts.min_run_s)
     cfg = RunConfig(run_id=new_run_id(f"record-{entry.key}", opts.target), workload=str(dest),
                     target=opts.target, budget_candidates=opts.budget_candidates, budget_minutes=opts.budget_minutes,
-                    timing_pairs=opts.timing_pairs, baseline_runs=opts.baseline_runs, collect=opts.collect,
-                    compare_compile=False)
+                    timing_pairs=opts.timing_pairs, looks=opts.looks, baseline_runs=opts.baseline_runs,
+                    collect=opts.collect, compare_compile=False)
     row.status, row.run_dir = "running", str(out / "runs" / cfg.run_id)
     write_results(results, out)
     t0 = time.perf_counter()

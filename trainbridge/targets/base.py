@@ -41,6 +41,13 @@ class Target(ABC):
     def profiler_activities(self) -> list:
         return [torch.profiler.ProfilerActivity.CPU]
 
+    def profiler(self, trace_dir: str | None):
+        """The profiler the harness starts over the profile steps. torch.profiler, its trace
+        written by tensorboard_trace_handler (`<worker>.<time>.pt.trace.json`), where
+        TensorBoard and Holistic Trace Analysis look for it."""
+        handler = torch.profiler.tensorboard_trace_handler(trace_dir) if trace_dir else None
+        return torch.profiler.profile(activities=self.profiler_activities(), on_trace_ready=handler)
+
     def knobs(self) -> dict[str, str]:
         """Environment knobs that matter on this target, as currently set (recorded in results)."""
         names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY", "LD_PRELOAD")

@@ -37,16 +37,48 @@ class Miss(Exception):
 
 
 def _matmul(node):
+    """(a, b) for a @ b, torch.matmul(a, b) or torch.bmm(a, b) (3-D, batch first), else None."""
     n = strip_parens(node)
     if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.MatrixMultiply):
         return n.left, n.right
-    if isinstance(n, cst.Call) and is_module_call(n, {"matmul"}) and len(positional(n)) == 2:
+    if isinstance(n, cst.Call) and is_module_call(n, {"matmul", "bmm"}) and len(positional(n)) == 2 and not n.args[
+            0].keyword:
         a, b = positional(n)
         return a, b
     return None
 
 
-def _transposed(ref: Ref, used: set) -> Ref | None:
+def is_batched_3d(node) -> bool:
+    """torch.bmm / torch.baddbmm: operands are 3-D (batch x heads folded into one dim)."""
+    n = strip_parens(node)
+    return isinstance(n, cst.Call) and is_module_call(n, {"bmm", "baddbmm"})
+
+
+def _baddbmm_scores(r: Ref, used: set):
+    """(q, k, "1.0", alpha) for torch.baddbmm(E, q, k^T, beta=0, alpha=s): E is ignored at beta 0
+    (torch's documented rule: nan and inf in it do not propagate), or adds nothing when it is
+    torch.zeros(...). alpha (default 1) is the scale."""
+    n = strip_parens(r.node)
+    if not (isinstance(n, cst.Call) and is_module_call(n, {"baddbmm"})):
+        return None
+    pos = positional(n)
+    if len(pos) != 3 or any(kw not in ("beta", "alpha") for kw in
+                            (a.keyword.value for a in n.args if a.keyword is not None)):
+        return None
+    beta = kwarg(n, "beta")
+    base = strip_parens(r.scope.follow(r.with_node(pos[0]), set()).node)
+    zeros = isinstance(base, cst.Call) and call_name(base) in ("zeros", "zeros_like")
+    if not (beta is not None and num(beta) == 0 or zeros):
+        raise Miss(f"baddbmm adds its first argument ({code(pos[0])}) at beta={code(beta) if beta else 1}: "
+                   "not a pure scaled product")
+    kt = _transposed(r.with_node(pos[2]), used, batched=True)
+    if kt is None:
+        return None
+    alpha = kwarg(n, "alpha")
+    return r.with_node(pos[1]), kt, "1.0", r.with_node(alpha if alpha is not None else cst.Float("1.0"))
+
+
+def _transposed(ref: Ref, used: set, batched: bool = False) -> Ref | None:
     r = ref.scope.follow(ref, used)
     n = strip_parens(r.node)
     if isinstance(n, cst.Attribute) and n.attr.value == "mT":
@@ -55,8 +87,9 @@ def _transposed(ref: Ref, used: set) -> Ref | None:
             and len(n.args) == 2:
         dims = sorted(num(a.value) for a in n.args if num(a.value) is not None)
         # the last two dims: (-2, -1), or (2, 3) of the 4-D (B, H, T, D) layout the other
-        # operand shares (a 3-D K would fail the matmul, and the loss check catches the rest)
-        if dims in ([-2, -1], [2, 3]):
+        # operand shares (a 3-D K would fail the matmul, and the loss check catches the rest),
+        # or (1, 2) of bmm's 3-D operands
+        if dims in ([-2, -1], [2, 3]) or batched and dims == [1, 2]:
             return r.with_node(n.func.value)
     return None
 
@@ -298,12 +331,15 @@ def _is_dropout(ref: Ref, used: set) -> bool:
 
 
 def _scores(ref: Ref, used: set):
-    """(q, k, scale_expr_text) for (q @ k^T) [* s | / d] (either order)."""
+    """(q, k, scale_expr_text[, scale_ref]) for (q @ k^T) [* s | / d] (either order), or
+    torch.baddbmm(_, q, k^T, beta=0, alpha=s)."""
     r = ref.scope.follow(ref, used)
     n = strip_parens(r.node)
+    if (scored := _baddbmm_scores(r, used)) is not None:
+        return scored
     mm = _matmul(n)
     if mm is not None:
-        kt = _transposed(r.with_node(mm[1]), used)
+        kt = _transposed(r.with_node(mm[1]), used, batched=is_batched_3d(n))
         if kt is not None:
             return r.with_node(mm[0]), kt, "1.0"
         return None
@@ -315,7 +351,7 @@ def _scores(ref: Ref, used: set):
             mm = _matmul(ra.node)
             if mm is None:
                 continue
-            kt = _transposed(ra.with_node(mm[1]), trial)
+            kt = _transposed(ra.with_node(mm[1]), trial, batched=is_batched_3d(ra.node))
             if kt is None:
                 continue
             used |= trial

@@ -25,6 +25,7 @@ from ...targets.registry import TARGET_NAMES
 from .recipe_base import NotApplicable, Recipe, RewriteProposal, Site
 from .recipes_attention import AttentionRecipe
 from .recipes_compile import CompileRegionRecipe, SoftcapCrossEntropyRecipe
+from .recipes_gelu import GeluRecipe
 from .recipes_mlp import Relu2Recipe
 from .recipes_norm import RmsNormRecipe
 from .recipes_optim import FusedOptimizerRecipe
@@ -96,6 +97,11 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         "relu2_fused", "relu2", "L5", "fusion", set(_ALL),
         "compute relu(x)^2 as a custom autograd function whose backward is one multiply (no threshold_backward)",
         ops_removed=["aten::threshold_backward"]),
+    GeluRecipe(
+        "gelu_fused", "gelu", "L2", "fusion", set(_ALL),
+        "replace a hand-written GELU (tanh or erf form, recognised by its values) by the fused GELU operator "
+        "(F.gelu / npu_gelu)",
+        ops_removed=["aten::tanh", "aten::erf", "aten::pow"]),
     FusedOptimizerRecipe(
         "fused_optimizer", "optimizer_update", "L2", "fusion", set(_ALL),
         "update all parameters of a torch.optim Adam/AdamW/SGD in one fused kernel (fused=True / NpuFused*)",

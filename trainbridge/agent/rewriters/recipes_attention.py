@@ -15,6 +15,10 @@ Recognised (after following local names, so chained or split statements both mat
     S = (Q @ K^T) * s | (Q @ K^T) / d | s * (Q @ K^T) | Q @ K^T
                                       (K^T: K.transpose(-2, -1), K.transpose(-1, -2), K.mT;
                                        K.transpose(2, 3) of 4-D B,H,T,D tensors)
+      | torch.baddbmm(E, Q, K^T, beta=0, alpha=s)
+                                      (E ignored at beta 0, or torch.zeros; 3-D operands,
+                                       K.transpose(1, 2) accepted as K^T)
+    `@` may be torch.matmul, or torch.bmm on 3-D (batch x heads, T, D) operands.
 
 Not applicable (with the reason) when dropout sits between softmax and `@ V`, or when the
 attention weights are used elsewhere (returned for visualisation, say): the fused operator
@@ -23,6 +27,8 @@ block skipping).
 
 cpu / cuda: `F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s)` (the program's
 scale is passed: SDPA's default is 1/sqrt(head_dim), which may differ).
+3-D operands (bmm, batch x heads folded) are passed as (1, B*H, T, D) and the result squeezed:
+on the CPU a 3-D SDPA input takes the math path, no fewer operators than the eager form.
 npu: `torch_npu.npu_fusion_attention(q, k, v, q.size(1), "BNSD", atten_mask=<2048x2048 bool,
 True above the diagonal>, scale=s, sparse_mode=2)[0]` (leftUpCausal with the compressed mask,
 so the kernel skips fully masked blocks; scale passed since its default is 1).
@@ -51,6 +57,7 @@ from .attention_forms import (
     _strip_casts,
     causal_additive_mask,
     causal_bool_mask,
+    is_batched_3d,
 )
 from .expr_engine import Env, ExprRecipe, Match
 
@@ -190,36 +197,50 @@ class AttentionRecipe(ExprRecipe):
                 return None
         qs, ks, vs = code(q), code(k), code(v)
         notes = []
+        batched = is_batched_3d(node)
         if explicit is not None and env.target == "npu" and explicit[0] != "bool":
             raise Miss(f"an {explicit[0]} mask: npu_fusion_attention takes bool masks only (True = masked)")
+        squeeze = ""
+        if batched:
+            if explicit is not None and env.target == "npu":
+                raise Miss("bmm attention over 3-D (batch x heads, T, D) tensors with an explicit mask: the mask's "
+                           "layout for npu_fusion_attention is not known here")
+            # (B*N, S, D) as (1, B*N, S, D): the 4-D layout the fused kernels take (on the CPU a 3-D
+            # input falls back to SDPA's math path, as many operators as the eager form)
+            qs, ks, vs = (f"{code(parens(t))}.unsqueeze(0)" for t in (q, k, v))
+            squeeze = ".squeeze(0)"
+            notes.append("3-D bmm operands (batch x heads folded) passed 4-D with a batch of 1, the result "
+                         "squeezed back")
         if explicit is not None:
-            return self._explicit(node, env, used, qs, ks, vs, scale, explicit, cast_in or cast_out, drop)
+            return self._explicit(node, env, used, qs, ks, vs, scale, explicit, cast_in or cast_out, drop, squeeze)
         causal = mask_kind != "none (full attention)"
         if cast_in or cast_out:
             notes.append("the eager softmax ran in fp32 between casts; the fused kernel accumulates in fp32 itself")
         if env.target == "npu" and causal:
             new = expr(f'torch_npu.npu_fusion_attention({qs}, {ks}, {vs}, {qs}.size(1), "BNSD", '
-                       f"atten_mask=_tb_npu_causal_mask({qs}.device), scale={scale}, sparse_mode=2)[0]")
+                       f"atten_mask=_tb_npu_causal_mask({qs}.device), scale={scale}, sparse_mode=2)[0]{squeeze}")
             imports, helpers = ["import torch_npu"], [("_tb_npu_causal_mask", NPU_MASK_HELPER)]
             notes.append("npu_fusion_attention: q/k/v must be 4-D (B, N, S, D) here (BNSD layout), D <= 768; "
                          "sparse_mode=2 (leftUpCausal) with the compressed 2048x2048 mask; numerics differ from "
                          "eager softmax within the dtype's precision")
         elif env.target == "npu":
-            new = expr(f'torch_npu.npu_fusion_attention({qs}, {ks}, {vs}, {qs}.size(1), "BNSD", scale={scale})[0]')
+            new = expr(f'torch_npu.npu_fusion_attention({qs}, {ks}, {vs}, {qs}.size(1), "BNSD", scale={scale})'
+                       f"[0]{squeeze}")
             imports, helpers = ["import torch_npu"], []
             notes.append("npu_fusion_attention without a mask (full attention): q/k/v 4-D (B, N, S, D), D <= 768")
         elif causal:
-            new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, is_causal=True, scale={scale})")
+            new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, is_causal=True, scale={scale})"
+                       f"{squeeze}")
             imports, helpers = [], []
         else:
-            new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, scale={scale})")
+            new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, scale={scale}){squeeze}")
             imports, helpers = [], []
             notes.append("no mask: full (non-causal) attention, as the eager softmax computed it")
         return Match(node=node, new=parens(new) if getattr(node, "lpar", None) else new, used=used, imports=imports,
                      helpers=helpers, notes=notes,
                      detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": mask_kind or ""})
 
-    def _explicit(self, node, env, used, qs, ks, vs, scale, explicit, casts, drop=()):
+    def _explicit(self, node, env, used, qs, ks, vs, scale, explicit, casts, drop=(), squeeze=""):
         """A mask that is not provably causal, passed explicitly (same math, less work skipped).
 
         masked_fill(M, -inf) with a bool M (True = masked): SDPA's bool attn_mask means True =
@@ -252,7 +273,8 @@ class AttentionRecipe(ExprRecipe):
         if kind == "bool" and isinstance(strip_parens(mask), cst.UnaryOperation) and \
                 isinstance(strip_parens(mask).operator, cst.BitInvert):
             attn = code(parens(strip_parens(mask).expression))
-        new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, attn_mask={attn}, scale={scale})")
+        new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, attn_mask={attn}, scale={scale})"
+                   f"{squeeze}")
         return Match(node=node, new=new, used=used, notes=notes, stmt_edits=[(s, None) for s in drop],
                      detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": f"explicit {kind}: {ms}"})
 
