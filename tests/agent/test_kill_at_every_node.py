@@ -59,7 +59,8 @@ def _run_until_new_kind(cmd: list[str], cwd: Path, runs: Path, killed: set[str],
 def test_a_run_killed_after_every_kind_of_event_resumes_to_one_finish(tmp_path):
     runs = tmp_path / "runs"
     cli = [sys.executable, "-m", "trainbridge.cli", "run"]
-    cmd = cli + [str(MINIGPT), "--budget", "1", "--pairs", "1", "--looks", "1", "--baseline-runs", "4", "--skip-collect",
+    cmd = cli + [str(MINIGPT), "--budget", "1", "--pairs", "1", "--looks", "1", "--baseline-runs", "4",
+                 "--skip-collect",
                  "--allow-no-evidence", "--no-compile-compare", "--runs-root", str(runs)]
     killed: set[str] = set()
     run_dir = None

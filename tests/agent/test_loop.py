@@ -27,7 +27,8 @@ def _events(run_dir: Path):
 
 def test_killed_run_resumes_without_repeating_finished_candidates(tmp_path):
     runs = tmp_path / "runs"
-    cmd = _cli("run", str(MINIGPT), "--budget", "3", "--pairs", "1", "--looks", "1", "--baseline-runs", "4", "--skip-collect",
+    cmd = _cli("run", str(MINIGPT), "--budget", "2", "--pairs", "1", "--looks", "1", "--baseline-runs", "4",
+               "--skip-collect",
                "--no-compile-compare", "--runs-root", str(runs), cwd=tmp_path)
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -73,4 +74,4 @@ def test_killed_run_resumes_without_repeating_finished_candidates(tmp_path):
                          env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0 and decided[0] in out.stdout
     cfg = json.loads((run_dir / "config.json").read_text())
-    assert cfg["budget_candidates"] == 3
+    assert cfg["budget_candidates"] == 2

@@ -47,7 +47,8 @@ def test_llm_run_on_nanogpt_validates_and_measures_model_candidates(tmp_path):
     with FakeOpenAIServer(script, model="fake-coder") as srv:
         proc = subprocess.run(
             [sys.executable, "-m", "trainbridge.cli", "run", str(work), "--agent", "llm", "--model", "fake-coder",
-             "--base-url", srv.base_url, "--budget", "3", "--pairs", "2", "--looks", "1", "--baseline-runs", "4", "--skip-collect",
+             "--base-url", srv.base_url, "--budget", "3", "--pairs", "2", "--looks", "1", "--baseline-runs", "4",
+             "--skip-collect",
              "--no-compile-compare", "--runs-root", str(runs)],
             capture_output=True, text=True, timeout=900, env={**os.environ, "OPENAI_API_KEY": KEY},
         )

@@ -98,9 +98,9 @@ def test_the_operand_is_called_once_and_its_statement_kept_when_it_has_effects()
 
 
 def test_the_form_is_told_apart_by_value():
-    assert gelu_form("(0.5 * _x * (1 + _erf(_x / _sqrt(2))))") == "none"
-    assert gelu_form("(0.5 * _x * (1 + _tanh(0.7978845608 * (_x + 0.044715 * _pow(_x, 3)))))") == "tanh"
-    assert gelu_form("(_x * _tanh(_x))") is None
+    assert gelu_form("(0.5 * _v0 * (1 + _erf(_v0 / _sqrt(2))))") == "none"
+    assert gelu_form("(0.5 * _v0 * (1 + _tanh(0.7978845608 * (_v0 + 0.044715 * _pow(_v0, 3)))))") == "tanh"
+    assert gelu_form("(_v0 * _tanh(_v0))") is None
 
 
 @pytest.mark.parametrize("npu", kit.NPU_KINDS)

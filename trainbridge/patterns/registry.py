@@ -80,6 +80,8 @@ _SPECS = (
         }),
     PatternSpec(
         name="layer_norm", title="LayerNorm fused in one GPU kernel", gap_class="fusion", level="L2",
+        eager_ops=("aten::native_layer_norm", "aten::mean", "aten::var", "aten::sub", "aten::add", "aten::sqrt",
+                   "aten::rsqrt", "aten::div", "aten::mul", "aten::pow"), removable_share=0.5,
         signature_ops=frozenset({"native_layer_norm", "var_mean", "var", "rsqrt", "sqrt"}),
         target_ops={
             "npu": (T(api="torch.nn.functional.layer_norm (native on NPU)", level="L2"),

@@ -26,6 +26,7 @@ from .recipe_base import NotApplicable, Recipe, RewriteProposal, Site
 from .recipes_attention import AttentionRecipe
 from .recipes_compile import CompileRegionRecipe, SoftcapCrossEntropyRecipe
 from .recipes_gelu import GeluRecipe
+from .recipes_layer_norm import LayerNormRecipe
 from .recipes_mlp import Relu2Recipe
 from .recipes_norm import RmsNormRecipe
 from .recipes_optim import FusedOptimizerRecipe
@@ -97,6 +98,11 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         "relu2_fused", "relu2", "L5", "fusion", set(_ALL),
         "compute relu(x)^2 as a custom autograd function whose backward is one multiply (no threshold_backward)",
         ops_removed=["aten::threshold_backward"]),
+    LayerNormRecipe(
+        "layer_norm_fused", "layer_norm", "L2", "fusion", set(_ALL),
+        "replace a hand-written LayerNorm (recognised by its values: any spelling of mean, variance, eps, "
+        "weight and bias over the last dimension) by the fused LayerNorm operator (F.layer_norm)",
+        ops_removed=["aten::mean", "aten::var", "aten::sub", "aten::sqrt", "aten::rsqrt", "aten::div"]),
     GeluRecipe(
         "gelu_fused", "gelu", "L2", "fusion", set(_ALL),
         "replace a hand-written GELU (tanh or erf form, recognised by its values) by the fused GELU operator "
