@@ -44,7 +44,8 @@ class LockstepResult(BaseModel):
         default_factory=dict, description="per arm, after each of its steps: how long it took to stop running "
                                           "before the other arm was released")
     unsettled: dict[str, int] = Field(default_factory=dict, description="per arm, steps after which it was still "
-                                      f"running when the other arm was released ({SETTLE_CAP_S * 1e3:g} ms cap)")
+                                      f"running when the other arm was released ({SETTLE_CAP_S * 1e3:g} ms cap): "
+                                      "the round is dropped")
 
     @property
     def problem(self) -> str | None:
@@ -52,6 +53,10 @@ class LockstepResult(BaseModel):
         bad = [f"{arm} run {r.status}: {(r.error or '')[:300]}" for arm, r in self.results.items() if r.status != "ok"]
         bad += [f"{arm} measured steps {steps[:5]} ran beside the other arm" for arm, steps in self.overlapped.items()
                 if steps]
+        # an arm still running while the other is measured slows it: a candidate's busy thread would make the
+        # incumbent look slow, so such a round is no pair (the run can be timed with --timing pairs)
+        bad += [f"{arm} was still running after {n} of its steps when the other arm was released"
+                for arm, n in self.unsettled.items() if n]
         return "; ".join(bad) or None
 
 

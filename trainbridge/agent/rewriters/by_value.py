@@ -156,6 +156,18 @@ class Arithmetic:
         return text
 
 
+def arithmetic_of(node, env: Env, operators: tuple[type, ...]) -> tuple[Arithmetic, str] | None:
+    """The arithmetic of a binary expression whose top operator is one of `operators` (the
+    matcher's first filter), or None when it is not arithmetic."""
+    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, operators):
+        return None
+    arithmetic = Arithmetic(env)
+    try:
+        return arithmetic, arithmetic.source(env.ref(node))
+    except NotArithmetic:
+        return None
+
+
 def _as_tensor(v):
     return v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64)
 

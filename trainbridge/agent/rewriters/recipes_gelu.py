@@ -21,7 +21,7 @@ import libcst as cst
 import torch
 
 from ...pysource.syntax import code, expr
-from .by_value import Arithmetic, NotArithmetic, evaluate
+from .by_value import arithmetic_of, evaluate
 from .expr_engine import Env, ExprRecipe, Match
 
 _POINTS = torch.linspace(-6.0, 6.0, 241, dtype=torch.float64)
@@ -43,14 +43,11 @@ def gelu_form(text: str, variable: str = "_v0") -> str | None:
 
 class GeluRecipe(ExprRecipe):
     def match(self, node, env: Env):
-        if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
+        found = arithmetic_of(node, env, (cst.Multiply, cst.Divide))
+        if found is None:
             return None
+        arithmetic, text = found
         here = env.ref(node)
-        arithmetic = Arithmetic(env)
-        try:
-            text = arithmetic.source(here)
-        except NotArithmetic:
-            return None
         if len(arithmetic.operands) != 1:
             return None  # GELU has one operand
         operand = next(iter(arithmetic.operands.values()))

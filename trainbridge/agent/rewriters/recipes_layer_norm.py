@@ -23,7 +23,7 @@ import libcst as cst
 import torch
 
 from ...pysource.syntax import code, expr
-from .by_value import Arithmetic, NotArithmetic, evaluate
+from .by_value import arithmetic_of, evaluate
 from .expr_engine import Env, ExprRecipe, Match
 
 _D = 16
@@ -81,15 +81,11 @@ def _assignments(variables: list[str]):
 
 class LayerNormRecipe(ExprRecipe):
     def match(self, node, env: Env):
-        if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (
-                cst.Multiply, cst.Divide, cst.Add)):
+        found = arithmetic_of(node, env, (cst.Multiply, cst.Divide, cst.Add))
+        if found is None:
             return None
+        arithmetic, text = found
         here = env.ref(node)
-        arithmetic = Arithmetic(env)
-        try:
-            text = arithmetic.source(here)
-        except NotArithmetic:
-            return None
         operands = list(arithmetic.operands.values())
         if not 1 <= len(operands) <= 4:
             return None
