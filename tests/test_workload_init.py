@@ -84,3 +84,31 @@ def test_the_command_prints_then_writes_only_when_told(program):
     assert out.returncode == 0 and (program / "trainbridge.toml").exists(), out.stderr
     out = subprocess.run(cmd + ["--write"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "--force" in out.stderr
+
+
+def test_settings_held_in_a_class_of_literals_or_a_dict_call_are_protected(tmp_path):
+    """Styles beyond config globals: a `TrainingArguments`-like class of literal attributes, a
+    settings dict written as `dict(...)`. A candidate must not change the work a step does."""
+    from trainbridge.workload_init import protected_regions
+
+    (tmp_path / "train.py").write_text('''
+import torch
+
+CFG = dict(dim=128, batch=8, seed=0, lr=1e-3)
+
+
+class TrainingArguments:
+    """The run's settings."""
+    per_device_train_batch_size = 8
+    seq_len: int = 128
+
+
+class Model(torch.nn.Module):
+    hidden = 64
+
+    def forward(self, x):
+        return x
+''')
+    (region,) = protected_regions(tmp_path, ["train.py"])
+    assert "TrainingArguments" in region.symbols and "Model" not in region.symbols, region
+    assert "CFG" in region.names, region

@@ -126,11 +126,25 @@ def local_modules(folder: Path, entry: str) -> tuple[list[str], list[str]]:
 
 
 def _is_literal(node: ast.AST) -> bool:
+    """A literal, or `dict(key=literal, ...)` (a settings dict written as a call)."""
+    if isinstance(node, ast.Call) and _dotted(node.func) == "dict" and not node.args:
+        return all(k.arg is not None and _is_literal(k.value) for k in node.keywords)
     try:
         ast.literal_eval(node)
         return True
     except Exception:
         return False
+
+
+_CONFIG_CLASS_SUFFIXES = ("Config", "Hyperparameters", "Args", "Arguments", "Settings", "Options", "Params")
+
+
+def _is_settings_class(node: ast.ClassDef) -> bool:
+    """A class that only holds literal settings (`class TrainingArguments: batch_size = 8`)."""
+    body = [b for b in node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+    return bool(body) and all(isinstance(b, ast.Assign) and _is_literal(b.value) or
+                              isinstance(b, ast.AnnAssign) and b.value is not None and _is_literal(b.value)
+                              for b in body)
 
 
 def protected_regions(folder: Path, files: list[str]) -> list[ProtectedRegion]:
@@ -145,8 +159,9 @@ def protected_regions(folder: Path, files: list[str]) -> list[ProtectedRegion]:
                 decorators = [_dotted(d.func if isinstance(d, ast.Call) else d) or "" for d in node.decorator_list]
                 if _DATA_WORDS.search(node.name) or any(b.endswith("Dataset") for b in bases):
                     data.append(node.name)
-                elif isinstance(node, ast.ClassDef) and (node.name.endswith(("Config", "Hyperparameters", "Args"))
-                                                         or any(d.endswith("dataclass") for d in decorators)):
+                elif isinstance(node, ast.ClassDef) and (node.name.endswith(_CONFIG_CLASS_SUFFIXES)
+                                                         or any(d.endswith("dataclass") for d in decorators)
+                                                         or _is_settings_class(node)):
                     config.append(node.name)
             elif isinstance(node, ast.Assign) and _is_literal(node.value):  # `lr = 3e-4`, `B, T = 8, 256`
                 hyper += [n.id for t in node.targets for n in ast.walk(t)

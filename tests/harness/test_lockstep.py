@@ -50,6 +50,8 @@ def test_two_children_take_turns_step_by_step(tmp_path):
     assert len(seq) == 10 and seq.count("A") == seq.count("B") == 5, seq
     # after the first steps (start-up runs both at once), strict alternation, B first at every tie
     assert seq[-8:] == "BABABABA", seq
+    # blocked at their gates, the waiting arms used next to no CPU while the other stepped
+    assert all(ls.busy_waiting[a] == 0 for a in "AB") and len(ls.waiting_cpu_ms["A"]) >= 4, ls.waiting_cpu_ms
 
 
 def test_a_crashed_arm_leaves_the_other_to_finish_and_drops_the_round(tmp_path):
@@ -159,3 +161,39 @@ _threading.Thread(target=_forever, daemon=True).start()
                          out_dir=tmp_path / "session", seed=1)
     assert s.rounds_kept == 0 and s.violation is None
     assert any("dropped" in p and "incumbent was still running after" in p for p in s.problems), s.problems
+
+
+def test_an_arm_that_sleeps_through_the_boundary_and_computes_during_the_other_step_is_caught(tmp_path):
+    """The attack quiescence alone misses: a thread that is asleep when the arm's step ends (so the
+    arm looks quiet and the other arm is released) and then wakes to burn a core while the other
+    arm is measured. The waiting arm's CPU time across the other arm's step gives it away, and its
+    rounds are dropped."""
+    wl, log = _workload(tmp_path), tmp_path / "steps.log"
+    text = (TINY / "train.py").read_text()
+    sleeper = {"train.py": text.replace(HEAD, HEAD + """import torch
+import sys as _sys
+import threading as _threading
+import time as _time
+_sys.setswitchinterval(1e-4)
+torch.set_num_threads(1)  # no OpenMP workers spinning after the step: the sleep is seen at once
+from torch.optim.optimizer import register_optimizer_step_post_hook as _post
+def _sleep_then_burn():
+    _time.sleep(0.015)  # asleep through the settle: the arm looks quiescent
+    t = _time.monotonic()
+    while _time.monotonic() - t < 0.03:  # then busy while the other arm steps
+        pass
+def _arm(opt, *a):
+    if isinstance(opt, torch.optim.Adam):
+        _threading.Thread(target=_sleep_then_burn, daemon=True).start()
+_post(_arm)
+""", 1)}
+    arms = {"sleeper": prepare_run(wl, "cpu", out_dir=tmp_path / "s", label="sleeper", sources=sleeper,
+                                   warmup_steps=2, measured_steps=4),
+            "other": prepare_run(wl, "cpu", out_dir=tmp_path / "o", label="other",
+                                 sources=_program("other", log, sleep_s=0.06), warmup_steps=2, measured_steps=4)}
+    ls = run_lockstep(arms, ["sleeper", "other"])
+    assert ls.unsettled == {"sleeper": 0, "other": 0}, ls.settle_ms  # quiescence alone is fooled
+    assert ls.busy_waiting["sleeper"] >= 3, ls.waiting_cpu_ms
+    assert sum(ms >= 10 for ms in ls.waiting_cpu_ms["sleeper"]) >= 3, ls.waiting_cpu_ms
+    assert ls.busy_waiting["other"] == 0, ls.waiting_cpu_ms
+    assert ls.problem and "sleeper used CPU while waiting at its gate" in ls.problem, ls.problem

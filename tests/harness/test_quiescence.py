@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from trainbridge.harness.quiescence import running_threads, wait_quiescent
+import time
+
+from trainbridge.harness.quiescence import cpu_time, running_threads, wait_exited, wait_quiescent
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc")
 
@@ -62,3 +64,46 @@ def test_a_process_that_is_gone_cannot_be_read():
     proc.wait()
     assert running_threads(proc.pid) is None
     assert not wait_quiescent(proc.pid).readable
+
+
+def test_cpu_time_counts_a_thread_that_ran_and_ended_between_two_readings():
+    """A waiting arm's CPU time is read before and after the other arm's step: a thread that
+    wakes, burns and ends in between is gone from the per-thread sum, and must still count."""
+    proc = subprocess.Popen([sys.executable, "-c", """
+import sys, threading, time
+def burn():
+    t = time.monotonic()
+    while time.monotonic() - t < 0.15:
+        pass
+print('ready', flush=True)
+sys.stdin.readline()
+threading.Thread(target=burn).start()
+print('started', flush=True)
+time.sleep(30)
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        time.sleep(0.1)
+        before = cpu_time(proc.pid)
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"started\n"
+        time.sleep(0.4)  # the thread has burnt 150 ms and ended
+        after = cpu_time(proc.pid)
+        idle = cpu_time(proc.pid)
+        assert after.busy_ms_since(before) >= 100, (before, after)
+        assert idle.busy_ms_since(after) < 5, (after, idle)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_ended_process_is_waited_out_to_its_exit():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    try:
+        assert not wait_exited(proc.pid, cap_s=0.05).settled
+        q = wait_exited(proc.pid, cap_s=5)
+        assert q.settled and proc.poll() is not None, q
+    finally:
+        proc.kill()
+        proc.wait()

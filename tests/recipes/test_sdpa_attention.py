@@ -269,3 +269,83 @@ def test_bmm_attention_on_npu_runs_as_bnsd_with_a_batch_of_one(npu):
         b = kit.load(new)
         for fn in ("attn_baddbmm", "attn_bmm_divided"):
             kit.assert_close_and_aligned(_run(a[fn], q, k, v), _run(b[fn], q, k, v))
+
+
+# Forms from other house styles: einsum products, a model-hub `torch.where(keep, scores, min)`
+# over a bottom-aligned slice of a registered tril buffer, and a padding mask passed through.
+HUB_STYLE = """import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def attn_einsum(q, k, v):
+    T = q.size(-2)
+    sim = torch.einsum("bhid,bhjd->bhij", q, k) * q.size(-1) ** -0.5
+    sim = sim + torch.full((T, T), float("-inf")).triu(1)
+    return torch.einsum("bhij,bhjd->bhid", sim.softmax(dim=-1), v)
+
+
+def attn_einsum_3d(q, k, v):
+    q, k, v = (t.flatten(0, 1) for t in (q, k, v))
+    s = torch.einsum("bid,bjd->bij", q, k) / math.sqrt(q.size(-1))
+    return torch.einsum("bij,bjd->bid", F.softmax(s, dim=-1), v)
+
+
+class HubAttention(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones((n, n), dtype=torch.bool)).view(1, 1, n, n))
+
+    def forward(self, query, key, value):
+        w = torch.matmul(query, key.transpose(-1, -2))
+        w = w / math.sqrt(value.size(-1))
+        query_length, key_length = query.size(-2), key.size(-2)
+        causal_mask = self.bias[:, :, key_length - query_length:key_length, :key_length]
+        mask_value = torch.finfo(w.dtype).min
+        mask_value = torch.full([], mask_value, dtype=w.dtype, device=w.device)
+        w = torch.where(causal_mask, w, mask_value)
+        w = nn.functional.softmax(w, dim=-1)
+        return torch.matmul(w, value)
+
+
+def attn_where_padding(q, k, v, keep):
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    s = torch.where(keep, s, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def attn_where_zero_fill(q, k, v, keep):
+    s = q @ k.transpose(-2, -1)
+    s = torch.where(keep, s, 0.0)
+    return s.softmax(-1) @ v
+"""
+
+
+def test_einsum_and_where_masked_attention_compute_the_same():
+    new, out = _apply("sdpa_attention", HUB_STYLE, "cpu")
+    kinds = {s.qualname: s.detail["mask"] for s in out.sites}
+    assert kinds == {"attn_einsum": "triu(full(-inf), diagonal=1) added", "attn_einsum_3d": "none (full attention)",
+                     "HubAttention.forward": "tril(ones) kept by torch.where",
+                     "attn_where_padding": "explicit keep: keep"}, kinds
+    assert "torch.einsum" not in new  # both products of both einsum forms went
+    assert "attn_mask=keep" in new  # the kept positions, as SDPA's bool mask means them
+    # the scores, the dtype's minimum and the mask statements all went with the softmax
+    assert "torch.where(causal_mask" not in new and "finfo" not in new and "mask_value" not in new
+    notes = " ".join(out.notes)
+    assert "query and key lengths are equal" in notes, notes
+    a, b = kit.load(HUB_STYLE), kit.load(new)
+    q, k, v = _qkv()
+    for fn in ("attn_einsum", "attn_einsum_3d"):
+        kit.assert_close_and_aligned(_run(a[fn], q, k, v), _run(b[fn], q, k, v))
+    ha, hb = a["HubAttention"](8), b["HubAttention"](8)
+    kit.assert_close_and_aligned(_run(ha, q, k, v), _run(hb, q, k, v))
+    keep = torch.rand(8, 8, generator=torch.Generator().manual_seed(2)) > 0.3
+    keep |= torch.eye(8, dtype=torch.bool)  # no row without a kept position
+    kit.assert_close_and_aligned(_run(a["attn_where_padding"], q, k, v, keep),
+                                 _run(b["attn_where_padding"], q, k, v, keep))
+
+
+def test_where_filled_with_a_finite_value_is_explained_not_rewritten():
+    misses = RECIPES["sdpa_attention"].explain({"p.py": HUB_STYLE}, "cpu")
+    assert any("attn_where_zero_fill" in m and "not -inf" in m for m in misses), misses

@@ -14,6 +14,15 @@ The next arm is released only once the arm that just ended its step is quiescent
 thread running: `quiescence`): OpenMP workers spin for milliseconds after a parallel region,
 and a spinning waiter took a core from the arm being measured. The wait lies between two
 measured steps and counts for neither; the time waited is kept (`LockstepResult.settle_ms`).
+An arm that ran its last step is waited out to its exit: its teardown would otherwise run
+beside the other arm's last step.
+
+Quiescence at the release is not enough against a program that wants the other arm slow: a
+thread that sleeps through the boundary and wakes to compute while the other arm is measured
+looks quiescent. So the CPU time of every waiting arm is read when the next arm is released
+and again when that arm's step ends (`quiescence.cpu_time`); a waiting arm that used more
+than `BUSY_WAITING_MS` plus `BUSY_WAITING_REL` of the step has its round dropped, as an
+unsettled one is. Legitimate programs use next to none: their threads are blocked on the gate.
 
 Whether this resolves smaller effects than process pairs on a given machine is measured,
 not assumed: `benchmarks/calibration.py` compares the two.
@@ -29,10 +38,13 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from .models import RunResult
-from .quiescence import wait_quiescent
+from .quiescence import CpuTime, cpu_time, wait_exited, wait_quiescent
 from .runner import _POLL_S, ChildRun, PreparedRun
 
 SETTLE_CAP_S = 0.1  # a waiting arm still running after this is left running (and counted as unsettled)
+END_CAP_S = 30.0  # an arm past its last step gets this long to exit before the other arm's last step
+BUSY_WAITING_MS = 1.0  # CPU a waiting arm may use during the other arm's step: this much ...
+BUSY_WAITING_REL = 0.02  # ... plus this share of the step
 
 
 class LockstepResult(BaseModel):
@@ -46,6 +58,12 @@ class LockstepResult(BaseModel):
     unsettled: dict[str, int] = Field(default_factory=dict, description="per arm, steps after which it was still "
                                       f"running when the other arm was released ({SETTLE_CAP_S * 1e3:g} ms cap): "
                                       "the round is dropped")
+    waiting_cpu_ms: dict[str, list[float]] = Field(
+        default_factory=dict, description="per arm, the CPU time it used while waiting at its gate, one value per "
+                                          "step of the other arm")
+    busy_waiting: dict[str, int] = Field(
+        default_factory=dict, description="per arm, steps of the other arm during which it used more CPU than "
+                                          "waiting allows (module doc): the round is dropped")
 
     @property
     def problem(self) -> str | None:
@@ -57,6 +75,8 @@ class LockstepResult(BaseModel):
         # incumbent look slow, so such a round is no pair (the run can be timed with --timing pairs)
         bad += [f"{arm} was still running after {n} of its steps when the other arm was released"
                 for arm, n in self.unsettled.items() if n]
+        bad += [f"{arm} used CPU while waiting at its gate during {n} of the other arm's steps (up to "
+                f"{max(self.waiting_cpu_ms.get(arm) or [0]):.1f} ms)" for arm, n in self.busy_waiting.items() if n]
         return "; ".join(bad) or None
 
 
@@ -75,6 +95,10 @@ class _Turns:
         self.pid_of = pid_of
         self.settle_ms: dict[str, list[float]] = {n: [] for n in order}
         self.unsettled: dict[str, int] = {n: 0 for n in order}
+        self.waiting_cpu_ms: dict[str, list[float]] = {n: [] for n in order}
+        self.busy_waiting: dict[str, int] = {n: 0 for n in order}
+        # the arm last released, when, and the waiting arms' CPU time then
+        self.watch: tuple[str, float, dict[str, CpuTime]] | None = None
         self.total_steps = total_steps
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
@@ -92,10 +116,9 @@ class _Turns:
         with self.lock:
             if kind == b"E":
                 self.running[name], self.done[name] = False, index
-                if index >= self.total_steps[name]:  # its last step: it stops now, waiting for nothing
+                if index >= self.total_steps[name]:  # its last step: it ends now, waiting for nothing
                     self.ended.add(name)
-                else:
-                    self.to_settle.append(name)
+                self.to_settle.append(name)
             elif kind == b"L":  # a late-closed first step: the next one is already running
                 self.done[name] = index
             elif kind == b"":
@@ -131,20 +154,46 @@ class _Turns:
                 self._settle(name)
 
     def _settle(self, name: str) -> None:
-        """Wait (bounded) until the arm that just ended a step has stopped running (module doc)."""
+        """Check what the waiting arms did during this arm's step, then wait (bounded) until this arm
+        has stopped running, or for its exit after its last step (module doc)."""
+        self._check_waiting(name)
         pid = self.pid_of(name)
         if pid is None:
+            return
+        if name in self.ended:  # its teardown is not a step's aftermath: not a settle time
+            self.unsettled[name] += not wait_exited(pid, cap_s=END_CAP_S).settled
             return
         q = wait_quiescent(pid, cap_s=SETTLE_CAP_S)
         if q.readable:
             self.settle_ms[name].append(round(q.waited_ms, 3))
             self.unsettled[name] += not q.settled
 
+    def _check_waiting(self, measured: str) -> None:
+        if self.watch is None or self.watch[0] != measured:
+            return
+        _, released_at, before = self.watch
+        self.watch = None
+        step_ms = (time.monotonic() - released_at) * 1e3
+        for arm, then in before.items():
+            pid = self.pid_of(arm)
+            now = cpu_time(pid) if pid is not None else None
+            if now is None:
+                continue
+            busy = now.busy_ms_since(then)
+            self.waiting_cpu_ms[arm].append(round(busy, 3))
+            self.busy_waiting[arm] += busy > BUSY_WAITING_MS + BUSY_WAITING_REL * step_ms
+
     def _release(self) -> None:
         live = [n for n in self.order if n not in self.ended]
         if not live or any(self.running[n] for n in live):
             return
         nxt = min(live, key=lambda n: (self.done[n], self.order.index(n)))
+        before = {}
+        for arm in live:
+            pid = self.pid_of(arm) if arm != nxt else None
+            if pid is not None and (t := cpu_time(pid)) is not None:
+                before[arm] = t
+        self.watch = (nxt, time.monotonic(), before)
         try:
             os.write(self.gates[nxt], b"g")
         except OSError:  # it ended between its last message and now
@@ -202,4 +251,5 @@ def run_lockstep(arms: dict[str, PreparedRun], order: list[str]) -> LockstepResu
     overlapped = {n: [s.index for s in r.steps if s.phase == "measured" and s.index not in turns.released[n]]
                   for n, r in results.items()}
     return LockstepResult(results=results, order=order, overlapped=overlapped, settle_ms=turns.settle_ms,
-                          unsettled=turns.unsettled)
+                          unsettled=turns.unsettled, waiting_cpu_ms=turns.waiting_cpu_ms,
+                          busy_waiting=turns.busy_waiting)

@@ -169,7 +169,8 @@ _PURE_CALLS = {"pow", "square", "mean", "sum", "rsqrt", "sqrt", "size", "float",
                "matmul", "bmm", "tanh", "relu", "neg", "contiguous", "add", "mul", "div", "sub", "bfloat16",
                "half", "triu", "tril", "ones", "zeros", "ones_like", "zeros_like", "outer", "cos", "sin",
                "exp", "log", "clamp", "abs", "expand", "unsqueeze", "squeeze", "permute", "roll", "flip",
-               ITEM, "float32", "type", "masked_fill_", "where", "baddbmm", "empty", "empty_like"}
+               ITEM, "float32", "type", "masked_fill_", "where", "baddbmm", "empty", "empty_like", "full",
+               "full_like", "finfo", "einsum"}
 
 
 def _has_effects(node) -> bool:

@@ -36,8 +36,46 @@ class Miss(Exception):
     """A near miss: the shape is attention, but something makes the rewrite wrong."""
 
 
+def _einsum_spec(n) -> tuple[str, str, str, cst.BaseExpression, cst.BaseExpression] | None:
+    """(left, right, out, a, b) for torch.einsum("left,right->out", a, b) with a literal spec."""
+    if not (isinstance(n, cst.Call) and is_module_call(n, {"einsum"})):
+        return None
+    pos = positional(n)
+    if len(pos) != 3 or len(n.args) != 3 or not isinstance(pos[0], cst.SimpleString):
+        return None
+    spec = pos[0].evaluated_value.replace(" ", "")
+    if spec.count(",") != 1 or spec.count("->") != 1 or "." in spec:
+        return None
+    ins, out = spec.split("->")
+    left, right = ins.split(",")
+    return left, right, out, pos[1], pos[2]
+
+
+def _einsum_product(n, transposed: bool):
+    """(a, b) when torch.einsum computes a @ b (`transposed` False: "...ij,...jd->...id") or
+    a @ b^T (True: "...id,...jd->...ij") over shared leading batch letters, else None."""
+    spec = _einsum_spec(n)
+    if spec is None:
+        return None
+    left, right, out, a, b = spec
+    if not (len(left) == len(right) == len(out) >= 3 and len(set(left + right)) == len(left) + 1):
+        return None
+    batch = left[:-2]
+    if right[:-2] != batch or out[:-2] != batch:
+        return None
+    i, x = left[-2:]
+    if transposed:  # ...ix,...jx->...ij
+        j = right[-2]
+        ok = right[-1] == x and out[-2:] == i + j and len({i, j, x}) == 3
+    else:  # ...ix,...xd->...id
+        d = right[-1]
+        ok = right[-2] == x and out[-2:] == i + d and len({i, d, x}) == 3
+    return (a, b) if ok else None
+
+
 def _matmul(node):
-    """(a, b) for a @ b, torch.matmul(a, b) or torch.bmm(a, b) (3-D, batch first), else None."""
+    """(a, b) for a @ b, torch.matmul(a, b), torch.bmm(a, b) (3-D, batch first) or an einsum
+    that is a batched a @ b ("bhij,bhjd->bhid"), else None."""
     n = strip_parens(node)
     if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.MatrixMultiply):
         return n.left, n.right
@@ -45,13 +83,17 @@ def _matmul(node):
             0].keyword:
         a, b = positional(n)
         return a, b
-    return None
+    return _einsum_product(n, transposed=False)
 
 
 def is_batched_3d(node) -> bool:
-    """torch.bmm / torch.baddbmm: operands are 3-D (batch x heads folded into one dim)."""
+    """torch.bmm / torch.baddbmm, or a 3-letter einsum: operands are 3-D (batch x heads folded
+    into one dim)."""
     n = strip_parens(node)
-    return isinstance(n, cst.Call) and is_module_call(n, {"bmm", "baddbmm"})
+    if isinstance(n, cst.Call) and is_module_call(n, {"bmm", "baddbmm"}):
+        return True
+    spec = _einsum_spec(n)
+    return spec is not None and len(spec[0]) == 3
 
 
 def _baddbmm_scores(r: Ref, used: set):
@@ -123,8 +165,17 @@ def _neg_inf(node) -> bool:
     return v is not None and v <= -1e4
 
 
-def _drop_slices(ref: Ref, used: set) -> tuple[Ref, list]:
-    """X for X[:T, :T] / X[:, :, :T, :T] / X[None, None] (returns the trailing square bounds)."""
+def _bottom_aligned(p: cst.Slice) -> bool:
+    """X[K - Q:K]: the last Q rows of a K-square mask (query and key lengths from one sequence
+    make it the top-left slice; with a key cache they differ, and no training step has one)."""
+    low = strip_parens(p.lower) if p.lower is not None else None
+    return isinstance(low, cst.BinaryOperation) and isinstance(low.operator, cst.Subtract) and \
+        p.upper is not None and code(strip_parens(low.left)) == code(strip_parens(p.upper))
+
+
+def _drop_slices(ref: Ref, used: set, notes: list | None = None) -> tuple[Ref, list]:
+    """X for X[:T, :T] / X[:, :, :T, :T] / X[None, None] (returns the trailing square bounds);
+    X[:, :, K - Q:K, :K] too, noted in `notes` (`_bottom_aligned`)."""
     r = ref.scope.follow(ref, used)
     n = strip_parens(r.node)
     bounds: list = []
@@ -133,7 +184,11 @@ def _drop_slices(ref: Ref, used: set) -> tuple[Ref, list]:
         ok = True
         for p in parts:
             if isinstance(p, cst.Slice):
-                if p.lower is not None and num(p.lower) != 0 or p.step is not None:
+                if p.step is None and _bottom_aligned(p):
+                    if notes is not None:
+                        notes.append(f"the mask's rows {code(p.lower)}:{code(p.upper)} are its top-left rows when "
+                                     "query and key lengths are equal (training, no key cache): is_causal assumes it")
+                elif p.lower is not None and num(p.lower) != 0 or p.step is not None:
                     ok = False
                 if p.upper is not None:
                     bounds.append(p.upper)
@@ -235,6 +290,39 @@ def causal_bool_mask(ref: Ref, env: Env, used: set) -> str:
     raise Miss(f"the mask {code(ref.node)} is not provably causal (padding, window or other masks keep the eager path)")
 
 
+def causal_keep_mask(ref: Ref, env: Env, used: set, notes: list) -> str:
+    """Raise Miss unless ref is a True-means-kept causal mask (tril(ones) as bool, the form
+    `torch.where(mask, scores, min)` takes); return how it was recognised."""
+    r, bounds = _drop_slices(ref, used, notes)
+    if len(bounds) >= 2 and not r.scope.same(ref.with_node(bounds[-2]), ref.with_node(bounds[-1])) and \
+            code(bounds[-2]) != code(bounds[-1]):
+        raise Miss("the mask slice is not square ([:Tq, :Tk] with different bounds)")
+    r = _resolve_self(r, env)
+    t = _tri(r, used, "tril")
+    if t is not None and t[1] == 0 and _square_ones(t[0], used):
+        return "tril(ones) kept by torch.where"
+    raise Miss(f"the kept-positions mask {code(ref.node)} is not provably causal")
+
+
+def neg_fill(ref: Ref, used: set) -> bool:
+    """-inf or the dtype's minimum, as a literal or through `torch.full([], value)` / a local name."""
+    for _ in range(4):
+        r = ref.scope.follow(ref, used)
+        n = strip_parens(r.node)
+        if _neg_inf(n):
+            return True
+        if isinstance(n, cst.Call) and call_name(n) in ("full", "tensor", "as_tensor"):
+            pos = positional(n)
+            fill = (pos[1] if len(pos) > 1 else kwarg(n, "fill_value")) if call_name(n) == "full" else \
+                (pos[0] if pos else None)
+            if fill is None:
+                return False
+            ref = r.with_node(fill)
+            continue
+        return False
+    return False
+
+
 def _resolve_self(r: Ref, env: Env) -> Ref:
     n = strip_parens(r.node)
     if m.matches(n, m.Attribute(value=m.Name("self"))):
@@ -330,6 +418,19 @@ def _is_dropout(ref: Ref, used: set) -> bool:
     return isinstance(n, cst.Call) and ("dropout" in (call_name(n) or "").lower() or "drop" in code(n.func).lower())
 
 
+def _qk_product(ref: Ref, used: set) -> tuple[Ref, Ref] | None:
+    """(q, k) for q @ k^T in any spelling (`_matmul` with a transposed K, or an einsum
+    "...id,...jd->...ij" that needs no transpose)."""
+    n = strip_parens(ref.node)
+    if (pair := _einsum_product(n, transposed=True)) is not None:
+        return ref.with_node(pair[0]), ref.with_node(pair[1])
+    mm = _matmul(n)
+    if mm is None:
+        return None
+    kt = _transposed(ref.with_node(mm[1]), used, batched=is_batched_3d(n))
+    return None if kt is None else (ref.with_node(mm[0]), kt)
+
+
 def _scores(ref: Ref, used: set):
     """(q, k, scale_expr_text[, scale_ref]) for (q @ k^T) [* s | / d] (either order), or
     torch.baddbmm(_, q, k^T, beta=0, alpha=s)."""
@@ -337,24 +438,18 @@ def _scores(ref: Ref, used: set):
     n = strip_parens(r.node)
     if (scored := _baddbmm_scores(r, used)) is not None:
         return scored
-    mm = _matmul(n)
-    if mm is not None:
-        kt = _transposed(r.with_node(mm[1]), used, batched=is_batched_3d(n))
-        if kt is not None:
-            return r.with_node(mm[0]), kt, "1.0"
-        return None
+    if _matmul(n) is not None or _einsum_product(n, transposed=True) is not None:
+        qk = _qk_product(r, used)
+        return None if qk is None else (*qk, "1.0")
     if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Multiply, cst.Divide)):
         cands = [(n.left, n.right)] + ([(n.right, n.left)] if isinstance(n.operator, cst.Multiply) else [])
         for a, s in cands:
             trial = set()
             ra = r.scope.follow(r.with_node(a), trial)
-            mm = _matmul(ra.node)
-            if mm is None:
-                continue
-            kt = _transposed(ra.with_node(mm[1]), trial, batched=is_batched_3d(ra.node))
-            if kt is None:
+            qk = _qk_product(ra, trial)
+            if qk is None:
                 continue
             used |= trial
             st = code(parens(s))
-            return ra.with_node(mm[0]), kt, (st if isinstance(n.operator, cst.Multiply) else f"1.0 / {st}"), r.with_node(s)
+            return (*qk, (st if isinstance(n.operator, cst.Multiply) else f"1.0 / {st}"), r.with_node(s))
     return None

@@ -66,8 +66,9 @@ def _literal(node) -> str | None:
 class Arithmetic:
     """Writes an expression as Python over `_v0, _v1, ...` (its operands, by canonical text)."""
 
-    def __init__(self, env: Env):
+    def __init__(self, env: Env, follow: bool = True):
         self.env = env
+        self.follow = follow  # read local names through (False: every name is an operand)
         self.operands: dict[str, Operand] = {}  # canonical text -> operand
         self.used: set = set()
         self.literals: list[str] = []  # numeric literals seen, in order (an eps written in place)
@@ -90,7 +91,7 @@ class Arithmetic:
             return f"({left} {_OPERATORS[type(n.operator)]} {right})"
         if isinstance(n, cst.Call) and (text := self._call(ref, n, depth)) is not None:
             return text
-        if isinstance(n, cst.Name) and (followed := self._follow(ref, depth)) is not None:
+        if isinstance(n, cst.Name) and self.follow and (followed := self._follow(ref, depth)) is not None:
             return followed
         return self._operand(ref)
 
@@ -156,12 +157,15 @@ class Arithmetic:
         return text
 
 
-def arithmetic_of(node, env: Env, operators: tuple[type, ...]) -> tuple[Arithmetic, str] | None:
+def arithmetic_of(node, env: Env, operators: tuple[type, ...], *,
+                  follow: bool = True) -> tuple[Arithmetic, str] | None:
     """The arithmetic of a binary expression whose top operator is one of `operators` (the
-    matcher's first filter), or None when it is not arithmetic."""
+    matcher's first filter), or None when it is not arithmetic. `follow=False` stops at local
+    names: `x = bias + y` then `x * 0.5 * (1 + erf(x / sqrt 2))` is GELU of `x`, where read
+    through it would be arithmetic over `bias` and `y`."""
     if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, operators):
         return None
-    arithmetic = Arithmetic(env)
+    arithmetic = Arithmetic(env, follow)
     try:
         return arithmetic, arithmetic.source(env.ref(node))
     except NotArithmetic:

@@ -8,6 +8,10 @@ Recognised (after following local names, so chained or split statements both mat
     S_masked = S.masked_fill(M, -inf) (M True = masked: causal when M is triu(ones, 1), or
                                        tril(ones) == 0 / ~tril / tril.logical_not(); the mask may
                                        be a registered buffer sliced [:T, :T] or [:, :, :T, :T])
+             | torch.where(K, S, m)   (K True = kept: causal when K is tril(ones) as bool, sliced
+                                       [:, :, L - Q:L, :L] too (top-left when query and key lengths
+                                       are equal, as in training); m -inf or finfo.min, also
+                                       through torch.full([], m); any other K goes as attn_mask)
              | S + A                  (A = triu(full(-inf), 1): an additive causal mask; any other
                                        additive or bool mask is passed explicitly as attn_mask)
              | `if M is not None: S = S + M` (an optional additive mask: attn_mask=M, None or not)
@@ -18,7 +22,8 @@ Recognised (after following local names, so chained or split statements both mat
       | torch.baddbmm(E, Q, K^T, beta=0, alpha=s)
                                       (E ignored at beta 0, or torch.zeros; 3-D operands,
                                        K.transpose(1, 2) accepted as K^T)
-    `@` may be torch.matmul, or torch.bmm on 3-D (batch x heads, T, D) operands.
+    `@` may be torch.matmul, torch.bmm on 3-D (batch x heads, T, D) operands, or torch.einsum
+    ("bhqk,bhkd->bhqd"; Q @ K^T as "bhqd,bhkd->bhqk", no transpose).
 
 Not applicable (with the reason) when dropout sits between softmax and `@ V`, or when the
 attention weights are used elsewhere (returned for visualisation, say): the fused operator
@@ -57,7 +62,9 @@ from .attention_forms import (
     _strip_casts,
     causal_additive_mask,
     causal_bool_mask,
+    causal_keep_mask,
     is_batched_3d,
+    neg_fill,
 )
 from .expr_engine import Env, ExprRecipe, Match
 
@@ -138,6 +145,7 @@ class AttentionRecipe(ExprRecipe):
         scored = None
         explicit = None
         drop: list = []
+        mask_notes: list[str] = []
         if isinstance(n, cst.Call) and call_name(n) == "masked_fill":
             recv = method_receiver(n, {"masked_fill"})
             pos = positional(n)
@@ -156,6 +164,19 @@ class AttentionRecipe(ExprRecipe):
                 mask_kind = causal_bool_mask(r.with_node(mask), env, used)
             except Miss:
                 explicit = ("bool", scope.emit(r.with_node(mask), here))
+        elif isinstance(n, cst.Call) and call_name(n) == "where" and method_receiver(n, {"where"}) is None \
+                and len(positional(n)) == 3 and len(n.args) == 3:
+            keep, sc, fill = positional(n)
+            scored = _scores(r.with_node(sc), used)
+            if scored is None:
+                return None
+            if not neg_fill(r.with_node(fill), used):
+                raise Miss(f"torch.where(mask, scores, {code(fill)}): not -inf or the dtype's minimum")
+            try:
+                mask_kind = causal_keep_mask(r.with_node(keep), env, used, mask_notes)
+            except Miss:
+                mask_notes.clear()
+                explicit = ("keep", scope.emit(r.with_node(keep), here))
         elif isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Add):
             for a, b in ((n.left, n.right), (n.right, n.left)):
                 trial = set()
@@ -196,9 +217,9 @@ class AttentionRecipe(ExprRecipe):
             if _has_effects(t) and not isinstance(strip_parens(t), (cst.Name, cst.Attribute)):
                 return None
         qs, ks, vs = code(q), code(k), code(v)
-        notes = []
+        notes = list(mask_notes)
         batched = is_batched_3d(node)
-        if explicit is not None and env.target == "npu" and explicit[0] != "bool":
+        if explicit is not None and env.target == "npu" and explicit[0] not in ("bool", "keep"):
             raise Miss(f"an {explicit[0]} mask: npu_fusion_attention takes bool masks only (True = masked)")
         squeeze = ""
         if batched:
@@ -245,7 +266,8 @@ class AttentionRecipe(ExprRecipe):
 
         masked_fill(M, -inf) with a bool M (True = masked): SDPA's bool attn_mask means True =
         attend, so it gets ~M; npu_fusion_attention's atten_mask means True = masked, so it gets
-        M with sparse_mode=0. An additive mask goes to SDPA as a float attn_mask; npu takes no
+        M with sparse_mode=0; torch.where(K, S, -inf) keeps where K is True, so SDPA gets K and
+        npu ~K. An additive mask goes to SDPA as a float attn_mask; npu takes no
         additive mask here, so that case is left alone there. An optional additive mask
         (`if mask is not None: s = s + mask`) goes to SDPA as `attn_mask=mask`, which is None
         exactly when the eager code skipped the addition; the `if` is dropped (`drop`).
@@ -259,9 +281,9 @@ class AttentionRecipe(ExprRecipe):
         if casts:
             notes.append("the eager softmax ran in fp32 between casts; the fused kernel accumulates in fp32 itself")
         if env.target == "npu":
-            if kind != "bool":
+            if kind not in ("bool", "keep"):
                 return None  # npu_fusion_attention takes bool masks only (True = masked)
-            full = f"_tb_npu_atten_mask({ms}, {qs}.size(-2), {ks}.size(-2))"
+            full = f"_tb_npu_atten_mask({'~' if kind == 'keep' else ''}{ms}, {qs}.size(-2), {ks}.size(-2))"
             new = expr(f'torch_npu.npu_fusion_attention({qs}, {ks}, {vs}, {qs}.size(1), "BNSD", atten_mask={full}, '
                        f"scale={scale}, sparse_mode=0)[0]")
             notes.append("npu_fusion_attention takes a mask shaped [B|1, N|1, Sq, Skv] (no broadcasting of the "
@@ -269,7 +291,7 @@ class AttentionRecipe(ExprRecipe):
             return Match(node=node, new=new, used=used, imports=["import torch_npu"], notes=notes,
                          helpers=[("_tb_npu_atten_mask", NPU_FULL_MASK_HELPER)],
                          detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": f"explicit {kind}: {ms}"})
-        attn = f"~{ms}" if kind == "bool" else ms
+        attn = f"~{ms}" if kind == "bool" else ms  # SDPA's bool mask: True = attend ("keep" is that already)
         if kind == "bool" and isinstance(strip_parens(mask), cst.UnaryOperation) and \
                 isinstance(strip_parens(mask).operator, cst.BitInvert):
             attn = code(parens(strip_parens(mask).expression))

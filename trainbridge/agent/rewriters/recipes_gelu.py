@@ -43,17 +43,19 @@ def gelu_form(text: str, variable: str = "_v0") -> str | None:
 
 class GeluRecipe(ExprRecipe):
     def match(self, node, env: Env):
-        found = arithmetic_of(node, env, (cst.Multiply, cst.Divide))
-        if found is None:
+        for follow in (True, False):  # through local names first; else names as they stand (by_value)
+            found = arithmetic_of(node, env, (cst.Multiply, cst.Divide), follow=follow)
+            if found is None:
+                return None
+            arithmetic, text = found
+            if len(arithmetic.operands) != 1:
+                continue  # GELU has one operand
+            operand = next(iter(arithmetic.operands.values()))
+            if (form := gelu_form(text, operand.variable)) is not None:
+                break
+        else:
             return None
-        arithmetic, text = found
         here = env.ref(node)
-        if len(arithmetic.operands) != 1:
-            return None  # GELU has one operand
-        operand = next(iter(arithmetic.operands.values()))
-        form = gelu_form(text, operand.variable)
-        if form is None:
-            return None
         written = [env.scope.emit(r, here) for r in operand.refs]
         if any(w is None for w in written):
             return None  # an operand with effects that another statement evaluates: not written twice
