@@ -128,10 +128,20 @@ def hand_changed(port: dict[str, str], name: str) -> dict[str, str]:
     return files
 
 
-def _share(final: float | None, hand: float | None) -> float | None:
-    if final is None or hand is None or hand <= 1.0:
+def _share(final: dict, hand: dict) -> float | None:
+    """log(final) / log(hand), or None when the hand change's gain is not resolved (its interval
+    reaches 1): a share of a gain that may be nothing means nothing."""
+    if hand["ci"][0] <= 1.0:
         return None
-    return math.log(final) / math.log(hand)
+    return math.log(final["speedup"]) / math.log(hand["speedup"])
+
+
+def _share_text(r: dict) -> str:
+    if r["share"] is None:
+        return f"- (the hand change's {r['hand']['speedup']:.3f}x is not resolved)"
+    if r["share"] > 1.0:
+        return f"**{r['share']:.0%}** (more than the hand change)"
+    return f"**{r['share']:.0%}**"
 
 
 def _ledger_summary(run_dir: Path) -> dict:
@@ -161,7 +171,7 @@ def measure(name: str, program_dir: Path, run_dir: Path, rounds: int) -> dict:
         c = judge(runs["port"], runs[arm], bar=0.0, confidence=0.95)
         row[arm] = {"speedup": c.speedup, "ci": [c.ci_low, c.ci_high], "port_ms": c.median_incumbent_ms,
                     "step_ms": c.median_candidate_ms}
-    row["share"] = _share(row["final"]["speedup"], row["hand"]["speedup"])
+    row["share"] = _share(row["final"], row["hand"])
     return row
 
 
@@ -173,7 +183,7 @@ def table(rows: list[dict]) -> str:
             out.append(f"| {r['program']} | - | failed: {r['error'][:120]} | - | - | - | - |")
             continue
         f, h = r["final"], r["hand"]
-        share = "- (no gain by hand)" if r["share"] is None else f"**{r['share']:.0%}**"
+        share = _share_text(r)
         out.append(f"| {r['program']} | {f['port_ms']:.0f} ms | {f['speedup']:.3f}x ({f['ci'][0]:.3f}-{f['ci'][1]:.3f})"
                    f" | {h['speedup']:.3f}x ({h['ci'][0]:.3f}-{h['ci'][1]:.3f}) | {share} | "
                    f"{', '.join(r['accepted']) or '-'} | {len(r['rejected'])} |")
@@ -207,8 +217,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--reuse", action="append", default=[], metavar="NAME=RUN_DIR",
                     help="measure a finished run of this program instead of running the loop again")
+    ap.add_argument("--table-only", action="store_true", help="rewrite the table from the json results only")
     ap.add_argument("extra", nargs="*", help="more `trainbridge run` options, after --")
     a = ap.parse_args()
+    if a.table_only:
+        rows = json.loads((a.out / "others_programs.json").read_text())
+        for r in rows:
+            if not r.get("error"):
+                r["share"] = _share(r["final"], r["hand"])
+        (a.out / "others_programs.md").write_text(table(rows) + "\n")
+        print(table(rows))
+        return
     a.runs_root = a.runs_root.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
     reuse = dict(r.split("=", 1) for r in a.reuse)
