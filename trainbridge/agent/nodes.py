@@ -25,11 +25,12 @@ from ..workload import work_note
 from .candidate import Candidate, Stage
 from .context import PortBlocked, RunContext
 from .evaluate import reference_run, train_baseline_state, validate as validate_candidate
-from .planner import PlanItem, candidate_hypothesis, make_item, rank, site_pattern
+from .planner import PlanItem, candidate_hypothesis, combined_item, make_item, rank, site_pattern
 from .programs import read_program, unified_diff, write_program
 from .rewriters.base import Declined, Proposal
 from .rewriters.llm import lowers_precision
 from .rewriters.recipe_base import off_limits
+from .rewriters.recipe_rewriter import RecipeRewriter
 from .state import RunState
 
 Rt = Runtime[RunContext]
@@ -187,6 +188,11 @@ def plan(state: RunState, runtime: Rt) -> dict:
             if item.key not in tried:
                 items.append(item)
     ranked = rank(items)
+    # near misses measured alone are better evidence than any prediction: their combination first
+    combo = combined_item([PlanItem.model_validate(d) for d in state.get("near_misses", [])],
+                          min_effect=_bar(state, ctx))
+    if combo is not None and combo.key not in tried:
+        ranked.insert(0, combo)
     if not ranked:
         return {"current": None, "done_reason": "no untried recipe applies to the incumbent"}
     item = ranked[0]
@@ -234,7 +240,9 @@ def rewrite(state: RunState, runtime: Rt) -> dict:
         previous = Proposal.model_validate_json((Path(cur.previous_dir) / "proposal.json").read_text())
         proposal = ctx.rewriter.repair(item, incumbent, cfg.target, context, previous, cur.feedback)
     else:
-        proposal = ctx.rewriter.propose(item, incumbent, cfg.target, context)
+        # a combination of recipe near misses is applied by the recipes themselves, whatever the rewriter
+        rewriter = RecipeRewriter() if item.combines else ctx.rewriter
+        proposal = rewriter.propose(item, incumbent, cfg.target, context)
     if isinstance(proposal, Declined):
         if ctx.rewriter.transcript:
             cdir.mkdir(parents=True, exist_ok=True)
@@ -394,7 +402,11 @@ def decide(state: RunState, runtime: Rt) -> dict:
         ctx.decide(cur.id, "accepted", comp.reason, new_speed, rule)
         return {"incumbent_dir": str(Path(cur.dir) / "program"), "incumbent_id": cur.id,
                 "incumbent_speedup": new_speed, "accepted": [cur.id], "current": None, **keeps_low}
-    return _reject_or_repair(state, ctx, cur, "measure", comp.reason, rule)
+    out = _reject_or_repair(state, ctx, cur, "measure", comp.reason, rule)
+    if (cur.source or "").startswith("recipe:") and not cur.item.combines and comp.speedup > 1.0 \
+            and comp.ci_high > 1 + _bar(state, ctx):
+        out["near_misses"] = [cur.item.model_dump(mode="json")]  # planner.combined_item
+    return out
 
 
 # ----------------------------------------------------------------- report ----

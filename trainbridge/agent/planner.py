@@ -40,6 +40,43 @@ class PlanItem(BaseModel):
     confidence: float
     score: float
     hypothesis: Hypothesis
+    combines: list["PlanItem"] = Field(default_factory=list, description="for a combined item: the near misses "
+                                       "it applies one after the other, each validated and measured alone before")
+
+
+PlanItem.model_rebuild()
+
+COMBINED = "combined"
+
+
+def combined_item(near_misses: list[PlanItem], *, min_effect: float) -> PlanItem | None:
+    """One candidate of every near miss so far (issue 22's combined search), or None for fewer than two.
+
+    A near miss is a recipe candidate that passed validation alone and was measured faster, but
+    whose interval did not clear the bar: several small real gains can each sit below what the
+    clock resolves, while their sum does not. Its hypothesis is the union of theirs: the
+    operators any of them removes must fall (a compiled region's or a precision change's own
+    check was passed alone, and op counting runs eager); the predicted saving is their sum.
+    """
+    parts = list({i.key: i for i in near_misses if not i.combines}.values())
+    if len(parts) < 2:
+        return None
+    ops = sorted({op for i in parts for op in i.hypothesis.ops_removed})
+    compiled = all(i.hypothesis.compiled_region for i in parts)
+    precision = next((i.hypothesis.gemm_precision for i in parts if i.hypothesis.gemm_precision), None) \
+        if all(i.hypothesis.gemm_precision or i.hypothesis.compiled_region for i in parts) else None
+    saving = sum(i.hypothesis.predicted_saving_ms for i in parts)
+    pct = sum(i.hypothesis.predicted_saving_pct for i in parts)
+    names = " + ".join(i.key for i in parts)
+    hyp = Hypothesis(ops_removed=[] if compiled or precision else ops, compiled_region=compiled,
+                     gemm_precision=precision, predicted_saving_ms=round(saving, 3), predicted_saving_pct=round(pct, 2),
+                     reject_if=f"the speedup's 95% CI does not clear {1 + min_effect:.2f}x, or the named operators' "
+                               "per-step count does not fall, or the loss trajectory leaves tolerance")
+    return PlanItem(key=f"{COMBINED}:" + "+".join(sorted(i.key for i in parts)), recipe=COMBINED, pattern=COMBINED,
+                    level=max((i.level for i in parts), key=lambda lv: LEVEL_COST.get(lv, 9)), gap_class=COMBINED,
+                    intent_summary=f"near misses measured alone, applied together: {names}",
+                    confidence=min(i.confidence for i in parts), score=sum(i.score for i in parts),
+                    hypothesis=hyp, combines=parts)
 
 
 def predicted_saving_ms(pattern: str, profile: ProfileReport, op_estimate: list[str] | None = None) -> float:

@@ -121,6 +121,9 @@ class RunState(TypedDict, total=False):
     candidates: Annotated[list[str], _append]   # candidate ids in order, repairs included
     accepted: Annotated[list[str], _append]
     rejected: Annotated[list[str], _append]
+    # PlanItems (as dicts) of recipe candidates rejected by the clock whose point estimate was
+    # above 1 and whose interval reached past the bar: combined into one candidate later
+    near_misses: Annotated[list[dict], _append]
     current: dict | None    # a `Candidate` as `Candidate.to_state()` stores it
     n_candidates: int
     done_reason: str

@@ -108,7 +108,7 @@ def _baddbmm_scores(r: Ref, used: set):
                             (a.keyword.value for a in n.args if a.keyword is not None)):
         return None
     beta = kwarg(n, "beta")
-    base = strip_parens(r.scope.follow(r.with_node(pos[0]), set()).node)
+    base = strip_parens(r.scope.follow(r.with_node(pos[0]), used).node)  # used up: beta=0 ignores it
     zeros = isinstance(base, cst.Call) and call_name(base) in ("zeros", "zeros_like")
     if not (beta is not None and num(beta) == 0 or zeros):
         raise Miss(f"baddbmm adds its first argument ({code(pos[0])}) at beta={code(beta) if beta else 1}: "
