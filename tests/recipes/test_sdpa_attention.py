@@ -349,3 +349,23 @@ def test_einsum_and_where_masked_attention_compute_the_same():
 def test_where_filled_with_a_finite_value_is_explained_not_rewritten():
     misses = RECIPES["sdpa_attention"].explain({"p.py": HUB_STYLE}, "cpu")
     assert any("attn_where_zero_fill" in m and "not -inf" in m for m in misses), misses
+
+
+def test_a_bottom_aligned_mask_slice_is_said_in_the_notes_for_every_mask_form():
+    """`mask[..., K - Q:K, :K]` is the causal mask only when query and key lengths are equal
+    (training): accepted for a masked_fill mask too, and the assumption written in the notes."""
+    src = """import torch
+
+
+def attn(q, k, v):
+    Q, K = q.size(-2), k.size(-2)
+    mask = torch.tril(torch.ones(K, K)).view(1, 1, K, K)
+    s = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+    s = s.masked_fill(mask[:, :, K - Q:K, :K] == 0, float("-inf"))
+    return s.softmax(-1) @ v
+"""
+    new, out = _apply("sdpa_attention", src, "cpu")
+    assert "is_causal=True" in new and any("query and key lengths are equal" in n for n in out.notes), out.notes
+    a, b = kit.load(src), kit.load(new)
+    q, k, v = _qkv()
+    kit.assert_close_and_aligned(_run(a["attn"], q, k, v), _run(b["attn"], q, k, v))

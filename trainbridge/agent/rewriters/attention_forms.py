@@ -175,7 +175,7 @@ def _bottom_aligned(p: cst.Slice) -> bool:
 
 def _drop_slices(ref: Ref, used: set, notes: list | None = None) -> tuple[Ref, list]:
     """X for X[:T, :T] / X[:, :, :T, :T] / X[None, None] (returns the trailing square bounds);
-    X[:, :, K - Q:K, :K] too, noted in `notes` (`_bottom_aligned`)."""
+    X[:, :, K - Q:K, :K] too, noted in `notes` (`_bottom_aligned`; refused where there is no note to make)."""
     r = ref.scope.follow(ref, used)
     n = strip_parens(r.node)
     bounds: list = []
@@ -184,10 +184,9 @@ def _drop_slices(ref: Ref, used: set, notes: list | None = None) -> tuple[Ref, l
         ok = True
         for p in parts:
             if isinstance(p, cst.Slice):
-                if p.step is None and _bottom_aligned(p):
-                    if notes is not None:
-                        notes.append(f"the mask's rows {code(p.lower)}:{code(p.upper)} are its top-left rows when "
-                                     "query and key lengths are equal (training, no key cache): is_causal assumes it")
+                if p.step is None and _bottom_aligned(p) and notes is not None:  # said, never silently assumed
+                    notes.append(f"the mask's rows {code(p.lower)}:{code(p.upper)} are its top-left rows when "
+                                 "query and key lengths are equal (training, no key cache): is_causal assumes it")
                 elif p.lower is not None and num(p.lower) != 0 or p.step is not None:
                     ok = False
                 if p.upper is not None:
@@ -257,9 +256,9 @@ def _tri(ref: Ref, used: set, which: str) -> Ref | None:
     return r.with_node(a), num(k)
 
 
-def causal_bool_mask(ref: Ref, env: Env, used: set) -> str:
+def causal_bool_mask(ref: Ref, env: Env, used: set, notes: list | None = None) -> str:
     """Raise Miss unless ref is a True-means-masked causal mask; return how it was recognised."""
-    r, bounds = _drop_slices(ref, used)
+    r, bounds = _drop_slices(ref, used, notes)
     if len(bounds) == 2 and not r.scope.same(ref.with_node(bounds[0]), ref.with_node(bounds[1])):
         raise Miss("the mask slice is not square ([:Tq, :Tk] with different bounds)")
     r = _resolve_self(r, env)
@@ -282,7 +281,7 @@ def causal_bool_mask(ref: Ref, env: Env, used: set) -> str:
         if call_name(n) == "logical_not" or (n.args and num(n.args[0].value) == 0):
             inner = n.func.value
     if inner is not None:
-        rr, b2 = _drop_slices(r.with_node(inner), used)
+        rr, b2 = _drop_slices(r.with_node(inner), used, notes)
         rr = _resolve_self(rr, env)
         t = _tri(rr, used, "tril")
         if t is not None and t[1] == 0 and _square_ones(t[0], used):
@@ -332,8 +331,8 @@ def _resolve_self(r: Ref, env: Env) -> Ref:
     return r
 
 
-def causal_additive_mask(ref: Ref, env: Env, used: set) -> str:
-    r, bounds = _drop_slices(ref, used)
+def causal_additive_mask(ref: Ref, env: Env, used: set, notes: list | None = None) -> str:
+    r, bounds = _drop_slices(ref, used, notes)
     r = _resolve_self(r, env)
     t = _tri(r, used, "triu")
     if t is not None and t[1] == 1:

@@ -161,8 +161,9 @@ class AttentionRecipe(ExprRecipe):
             if not _neg_inf(fill):
                 raise Miss(f"masked_fill with {code(fill)}: not -inf, so masked positions keep weight")
             try:
-                mask_kind = causal_bool_mask(r.with_node(mask), env, used)
+                mask_kind = causal_bool_mask(r.with_node(mask), env, used, mask_notes)
             except Miss:
+                mask_notes.clear()
                 explicit = ("bool", scope.emit(r.with_node(mask), here))
         elif isinstance(n, cst.Call) and call_name(n) == "where" and method_receiver(n, {"where"}) is None \
                 and len(positional(n)) == 3 and len(n.args) == 3:
@@ -184,8 +185,9 @@ class AttentionRecipe(ExprRecipe):
                 if scored is not None:
                     used |= trial
                     try:
-                        mask_kind = causal_additive_mask(r.with_node(b), env, used)
+                        mask_kind = causal_additive_mask(r.with_node(b), env, used, mask_notes)
                     except Miss:
+                        mask_notes.clear()
                         explicit = ("additive", scope.emit(r.with_node(b), here))
                     break
             if scored is None:
