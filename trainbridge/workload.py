@@ -45,6 +45,9 @@ class ProtectedRegion(_Strict):
 class StepsConfig(_Strict):
     warmup: int = Field(3, ge=0, description="steps run before timing starts (compile, allocator, caches)")
     measured: int = Field(10, ge=1, description="steps timed per harness run")
+    timed: int | None = Field(None, ge=1, description="steps measured per run when two programs are compared for "
+                              "speed (baseline timing, candidate timing, verify); more steps per run narrow the "
+                              "step-paired interval for little time next to a run's start-up. Unset: `measured`")
 
 
 class WorkConfig(_Strict):
@@ -138,11 +141,25 @@ class Workload(BaseModel):
     def entry_path(self) -> Path:
         return self.root / self.manifest.entry
 
+    def run_folders(self) -> set[str]:
+        """Top-level folders of the workload that hold TrainBridge run folders (`runs/<id>/ledger.jsonl`):
+        a run started from inside the workload puts them there, and the programs they hold are
+        not the program."""
+        return {d.name for d in self.root.iterdir() if d.is_dir() and not d.is_symlink()
+                and any((d / "ledger.jsonl").is_file() or (sub / "ledger.jsonl").is_file()
+                        for sub in d.iterdir() if sub.is_dir())} if self.root.is_dir() else set()
+
+    def program_paths(self) -> list[Path]:
+        """Every path of the program's folder, run folders and `__pycache__` left out."""
+        skip = self.run_folders()
+        return [p for p in sorted(self.root.rglob("*"))
+                if not (p.relative_to(self.root).parts[0] in skip or "__pycache__" in p.relative_to(self.root).parts)]
+
     def editable_files(self) -> list[str]:
         """Relative paths of existing files an agent may edit (protected whole files excluded)."""
         whole = {p.file for p in self.manifest.protected if p.whole_file}
         out = []
-        for path in sorted(self.root.rglob("*")):
+        for path in self.program_paths():
             rel = path.relative_to(self.root).as_posix()
             if path.is_file() and any(fnmatch.fnmatch(rel, g) for g in self.manifest.editable):
                 if rel not in whole:
@@ -151,11 +168,8 @@ class Workload(BaseModel):
 
     def source_files(self) -> list[str]:
         """Every Python file of the program (what gets copied, hashed and ported)."""
-        return sorted(
-            p.relative_to(self.root).as_posix()
-            for p in self.root.rglob("*.py")
-            if "__pycache__" not in p.parts
-        )
+        return sorted(p.relative_to(self.root).as_posix() for p in self.program_paths()
+                      if p.suffix == ".py" and p.is_file())
 
 
 def _format_errors(path: Path, err: ValidationError) -> str:

@@ -197,3 +197,55 @@ def test_a_program_cannot_read_the_harness_requests_that_tell_validation_from_ti
     results = tmp_path / "out" / "results"
     r = _run(tmp_path, f"import glob as _g\nprint([open(p).read()[:20] for p in _g.glob({str(results)!r} + '/*.json')])\n")
     assert r.status == "crashed" and "harness's own files" in r.error, r.error
+
+
+PARENT = """
+import sys, shutil
+from pathlib import Path
+from trainbridge.cli.app import _root
+from trainbridge.harness.runner import run_workload
+from trainbridge.workload import load_workload
+_root()  # what every `trainbridge` command does first: SIGTERM ends it the way Ctrl-C does
+tiny, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+shutil.copytree(tiny, tmp / "workload")
+text = (tiny / "train.py").read_text()
+head = "import torch.nn.functional as F\\n"
+prelude = "import os as _o, time as _t\\nprint('child', _o.getpid(), flush=True)\\n_t.sleep(300)\\n"
+program = {"train.py": text.replace(head, head + prelude, 1)}
+run_workload(load_workload(tmp / "workload"), "cpu", out_dir=tmp / "out", sources=program, warmup_steps=1,
+             measured_steps=2)
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_killed_parent_leaves_no_child_measuring(tmp_path, how):
+    # `kill -9` runs no exit path in the parent: the kernel must end the child (PR_SET_PDEATHSIG);
+    # a plain `kill` must end it the way Ctrl-C does
+    import signal
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(TINY), str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline, pid = time.monotonic() + 60, None
+    while pid is None and time.monotonic() < deadline:
+        logs = list(tmp_path.rglob("*.stdout.log"))
+        text = logs[0].read_text() if logs else ""
+        if "child" in text:
+            pid = int(text.split("child", 1)[1].split()[0])
+        time.sleep(0.1)
+    try:
+        assert pid is not None and _alive(pid), "the child never started"
+        parent.send_signal(getattr(signal, how))
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), f"the child {pid} outlived its parent ({how})"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if pid is not None and _alive(pid):
+            os.kill(pid, 9)
+    if how == "SIGTERM":
+        assert b"KeyboardInterrupt" in parent.stderr.read()

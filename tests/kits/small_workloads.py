@@ -17,7 +17,7 @@ TINY_NANOGPT_ARGS = ('args = ["n_layer=2", "n_head=2", "n_embd=64", "vocab_size=
 
 def small_nanogpt(tmp: Path) -> Path:
     """nanogpt's folder copied under `tmp` with the tiny configuration (2 warm-up, 5 measured steps,
-    no later-window check)."""
+    6 timed, no later-window check)."""
     work = tmp / "nanogpt"
     shutil.copytree(NANOGPT, work, ignore=shutil.ignore_patterns("*.bin", "__pycache__"))
     toml = work / "trainbridge.toml"
@@ -25,9 +25,11 @@ def small_nanogpt(tmp: Path) -> Path:
     assert n == 1, "nanogpt's manifest has no args list to replace"
     text = text.replace("per_step = 2048", "per_step = 256")
     text = text.replace("warmup = 3\nmeasured = 10", "warmup = 2\nmeasured = 5")
+    text = text.replace("timed = 50", "timed = 6")  # the timed-steps path, at CI size
     text = text.replace('command = ["python", "data/make_shards.py"]',
                         'command = ["python", "data/make_shards.py", "--train-tokens", "300000", "--val-tokens", "20000"]')
-    assert "measured = 5" in text and "300000" in text and "per_step = 256" in text, "nanogpt's manifest changed shape"
+    assert "measured = 5" in text and "timed = 6" in text and "300000" in text and "per_step = 256" in text, \
+        "nanogpt's manifest changed shape"
     # no later-window check: it trains the baseline once and runs every candidate once more, two
     # process start-ups a candidate that the tests using this copy do not look at (the check has
     # its own tests, and the README command's test keeps it on)

@@ -147,10 +147,40 @@ def test_truncated_last_line_is_skipped_with_a_warning(tmp_path):
         f.write(half)  # the process died mid-write
     with pytest.warns(UserWarning, match="truncated"):
         assert led.events() == events
-    # a resumed run appends on a fresh line, so the new event is not glued to the fragment
-    led.append(events[1])
-    with pytest.warns(UserWarning, match=":4: skipping a truncated line"):
+    # a resumed run cuts the fragment off before it appends: a torn line is only ever the last one
+    with pytest.warns(UserWarning, match="cutting a torn last line"):
+        led.append(events[1])
+    assert led.path.read_text().count("\n") == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         assert led.events() == [*events, events[1]]
+
+
+def test_a_damaged_line_before_the_end_is_an_error_naming_it_never_a_silent_drop(tmp_path):
+    led = Ledger(tmp_path / "ledger.jsonl")
+    events = one_of_each()[:4]
+    for e in events:
+        led.append(e)
+    lines = led.path.read_text().splitlines()
+    lines[2] = lines[2][: len(lines[2]) // 2]  # half a line lost in the middle of the file
+    led.path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(LedgerError, match=r"ledger.jsonl:3: a damaged line"):
+        led.events()
+    with pytest.warns(UserWarning, match=":3: skipping a damaged line"):
+        assert Ledger(led.path, salvage=True).events() == [events[0], events[1], events[3]]
+
+
+def test_fields_a_newer_version_wrote_are_ignored_and_a_newer_schema_is_refused(tmp_path):
+    led = Ledger(tmp_path / "ledger.jsonl")
+    first = one_of_each()[0]
+    data = json.loads(first.model_dump_json())
+    led.path.write_text(json.dumps({**data, "added_later": 1}) + "\n")
+    with pytest.warns(UserWarning, match="ignoring fields this version does not know: .*added_later"):
+        assert led.events() == [first]
+    assert "ledger_schema_version" in data
+    led.path.write_text(json.dumps({**data, "ledger_schema_version": 99}) + "\n")
+    with pytest.raises(LedgerError, match="ledger schema 99.*upgrade"):
+        led.events()
 
 
 def test_a_complete_but_invalid_line_is_an_error(tmp_path):

@@ -81,7 +81,7 @@ class RunContext:
                 for c in self.ledger.candidates() if c.decision in ("accepted", "rejected")]
 
     def decide(self, cid: str, decision: str, reason: str, speed: float | None, rule) -> None:
-        self.report("decide", candidate=cid, decision=decision, speedup=speed)
+        self.report("decide", candidate=cid, decision=decision, speedup=speed, reason=reason)
         if self.logged(cid, ev.CandidateDecided) is not None:
             return  # decided before an interruption; the checkpoint just had not caught up
         self.log(ev.CandidateDecided(**self.base(), candidate_id=cid, decision=decision, reason=reason,

@@ -19,7 +19,7 @@ from ..ledger import models as ev
 from ..measure import acceptance
 from ..measure.acceptance import Rule
 from ..measure.timed_runs import timed_run_problem
-from ..measure.timing import candidate_session, lockstep_session
+from ..measure.timing import candidate_session, lockstep_session, timing_kwargs
 from ..profile.analysis import ProfileReport, analyse
 from ..workload import work_note
 from .candidate import Candidate, Stage
@@ -77,7 +77,8 @@ def baseline(state: RunState, runtime: Rt) -> dict:
     runs = []
     for i in range(0 if dry else cfg.baseline_runs):
         ctx.report("baseline", detail=f"timing run {i + 1}/{cfg.baseline_runs}")
-        r = run_workload(ctx.workload, cfg.target, out_dir=out, label="baseline", sources=files, seed=cfg.seed)
+        r = run_workload(ctx.workload, cfg.target, out_dir=out, label="baseline", sources=files, seed=cfg.seed,
+                         **timing_kwargs(ctx.workload))
         if r.status != "ok":
             raise RuntimeError(f"baseline timing run {r.status}: {r.error}")
         runs.append(r.measured_ms)

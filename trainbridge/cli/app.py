@@ -7,6 +7,8 @@ manifest, a missing device) are printed as one clear message with exit code 2.
 from __future__ import annotations
 
 import functools
+import signal
+import threading
 
 import typer
 from rich.console import Console
@@ -20,12 +22,41 @@ console = Console(stderr=False)
 err_console = Console(stderr=True)
 
 
+def _terminated(signum, frame) -> None:
+    """`kill <pid>` ends a command the way Ctrl-C does: every harness child's process tree is
+    ended on the way out and the ledger keeps what was decided (`--resume` goes on)."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            console.print(f"trainbridge {version('trainbridge')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            console.print("trainbridge (not installed)")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    _version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                  help="print the version and exit"),
+) -> None:
     """TrainBridge: GPU compilation evidence -> measured, verified rewrites on cpu / cuda / npu."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
 
 
-TargetOpt = typer.Option("cpu", "--target", "-t", help=" | ".join(TARGET_NAMES))
+def _known_target(value: str) -> str:
+    if value not in TARGET_NAMES:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(TARGET_NAMES)}")
+    return value
+
+
+TargetOpt = typer.Option("cpu", "--target", "-t", callback=_known_target,
+                         help=f"where the program runs and is measured: {' | '.join(TARGET_NAMES)}")
 
 
 def user_errors(fn):

@@ -15,7 +15,10 @@ def ledger_cmd(
     words: list[str] = typer.Argument(..., metavar="[verify] RUN_DIR",
                                       help="`ledger runs/<id>` shows the table; `ledger verify runs/<id>` re-measures final vs port; "
                                            "`ledger measure runs/<id>` times a dry run's rewrites on the target"),
-    pairs: int = typer.Option(3, help="interleaved port/final pairs (verify)"),
+    pairs: int = typer.Option(3, min=2, help="interleaved rounds: port/final (verify, at least 3) or "
+                                             "incumbent/candidate (measure)"),
+    salvage: bool = typer.Option(False, "--salvage", help="show: read around damaged lines (each is named) instead "
+                                                          "of stopping at the first"),
 ) -> None:
     """Review a run's accepted and rejected candidates, or re-verify its recorded speedup."""
     from ..ledger.store import Ledger
@@ -38,4 +41,4 @@ def ledger_cmd(
 
         outcome = verify_run(run_dir, pairs=pairs, console=console)
         raise typer.Exit(0 if outcome.holds else 1)
-    render_ledger(Ledger(path), console)
+    render_ledger(Ledger(path, salvage=salvage), console)

@@ -82,13 +82,13 @@ def records_run(
     track: int = typer.Option(1, help="records of this track (1: the short track; 0: every track)"),
     port_only: bool = typer.Option(False, "--port-only", help="port, scale and train a few real steps per record "
                                                               "(loss finite and falling); no optimization loop"),
-    budget: int = typer.Option(3, help="most candidates per record"),
-    minutes: float = typer.Option(3.0, help="loop time budget per record, in minutes"),
-    pairs: int = typer.Option(3, help="interleaved timing pairs per candidate and for the end-to-end figure "
+    budget: int = typer.Option(3, min=0, help="most candidates per record"),
+    minutes: float = typer.Option(3.0, min=0.0, help="loop time budget per record, in minutes"),
+    pairs: int = typer.Option(4, min=1, help="interleaved timing pairs per candidate and for the end-to-end figure "
                                            "(2 pairs give a paired interval with one degree of freedom)"),
-    looks: int = typer.Option(3, help="timing sessions at most per candidate: an undecided one is timed again, "
+    looks: int = typer.Option(3, min=1, help="timing sessions at most per candidate: an undecided one is timed again, "
                                       "each look at its group-sequential level (as `trainbridge run --looks`)"),
-    baseline_runs: int = typer.Option(4, help="baseline runs per record (>= 4)"),
+    baseline_runs: int = typer.Option(4, min=4, help="baseline runs per record"),
     shards: Optional[Path] = typer.Option(None, help="folder with train_*.bin / val_*.bin shards (default: made locally)"),
     collect: bool = typer.Option(False, "--collect/--skip-collect", help="collect GPU evidence per record (slower)"),
     min_run_s: float = typer.Option(4.0, help="size each record's measured steps so one timing run lasts this long "

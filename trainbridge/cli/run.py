@@ -24,19 +24,23 @@ def run(
     agent: str = typer.Option("recipes", help="recipes | llm | llm+recipes"),
     model: Optional[str] = typer.Option(None, "--model", help="LLM model name (--agent llm)"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (or OPENAI_BASE_URL)"),
-    budget: int = typer.Option(10, help="most candidates to try"),
-    minutes: float = typer.Option(13.0, help="time budget for port + baseline + loop, in minutes (the final measurement follows)"),
-    pairs: int = typer.Option(3, help="interleaved incumbent/candidate run pairs per timing session"),
-    looks: int = typer.Option(3, help="timing sessions at most per candidate: an undecided one is timed again, "
+    budget: int = typer.Option(10, min=0, help="most candidates to try"),
+    minutes: float = typer.Option(13.0, min=0.0, help="time budget for port + baseline + loop, in minutes (the final measurement follows)"),
+    pairs: int = typer.Option(4, min=1, help="incumbent/candidate rounds per timing session (look)"),
+    looks: int = typer.Option(3, min=1, help="timing sessions at most per candidate: an undecided one is timed again, "
                                       "each look at a group-sequential level (1 = one session, no second look)"),
     timing: str = typer.Option("lockstep", help="lockstep (both programs alive, taking turns step by step; "
                                                 "benchmarks/calibration.py) | pairs (one process after the other)"),
-    baseline_runs: int = typer.Option(6, help="baseline runs (also the A/A calibration sample, >= 4)"),
-    skip_collect: bool = typer.Option(False, help="plan from the target profile only, without GPU evidence"),
-    allow_no_evidence: bool = typer.Option(False, help="finish with exit 0 even when GPU evidence was asked for "
-                                                       "(collected or --evidence) and none could be had"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="npu only: validate rewrites on the CPU with torch_npu references; measure later with `ledger measure`"),
-    no_compile_compare: bool = typer.Option(False, help="skip timing torch.compile of the port at the end"),
+    baseline_runs: int = typer.Option(6, min=4, help="baseline runs (also the A/A calibration sample)"),
+    skip_collect: bool = typer.Option(False, "--skip-collect",
+                                      help="plan from the target profile only, without GPU evidence"),
+    allow_no_evidence: bool = typer.Option(False, "--allow-no-evidence",
+                                           help="finish with exit 0 even when GPU evidence was asked for "
+                                                "(collected or --evidence) and none could be had"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="npu only: validate rewrites on the CPU with torch_npu "
+                                                          "references; measure later with `ledger measure`"),
+    no_compile_compare: bool = typer.Option(False, "--no-compile-compare",
+                                            help="skip timing torch.compile of the port at the end"),
     runs_root: Path = typer.Option(Path("runs"), help="where run folders go"),
 ) -> None:
     """Optimize a workload: port, profile, collect, then plan/rewrite/validate/measure/decide.
@@ -61,6 +65,7 @@ def run(
             if workload is None:
                 raise ValueError("give a workload folder, or --resume runs/<id>")
             wl = load_workload(workload)
+            runs_root = _outside(runs_root, wl.root)
             if dry_run and target != "npu":
                 raise ValueError("--dry-run is for --target npu (other targets are measured here)")
             if looks < 1:
@@ -77,6 +82,7 @@ def run(
                 collect=not skip_collect, allow_no_evidence=allow_no_evidence, dry_run=dry_run,
                 compare_compile=not no_compile_compare, llm_model=model, llm_base_url=base_url,
             )
+            reporter.plan(cfg.budget_candidates, cfg.budget_minutes)
             run_dir = start_run(cfg, runs_root, reporter)
     ledger = Ledger(run_dir / "ledger.jsonl")
     render_ledger(ledger, console)
@@ -85,6 +91,17 @@ def run(
     if found is not None and found.missing:
         err_console.print(Text(evidence_line(found), style="bold red"))
         raise typer.Exit(EXIT_NO_EVIDENCE)
+
+
+def _outside(runs_root: Path, workload_root: Path) -> Path:
+    """Run folders never go inside the workload (run from inside it, `runs/` would land there and
+    every later run would carry the earlier runs' programs): next to it instead, said so."""
+    here, wl = runs_root.resolve(), workload_root.resolve()
+    if here != wl and wl not in here.parents:
+        return runs_root
+    moved = wl.parent / "runs"
+    console.print(f"note: {runs_root} lies inside the workload folder {wl}; run folders go to {moved}")
+    return moved
 
 
 def _check_evidence_file(path: Path, *, allow_empty: bool) -> None:

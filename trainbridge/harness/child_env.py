@@ -6,11 +6,13 @@ never reach a program the model wrote), no core dumps, a cap on the size of any 
 writes (a print flood or a runaway checkpoint ends the run instead of filling the disk),
 and, for a non-root user, a cap on how many processes it may start. It runs in its own
 process group, and `end_process_tree` ends that group and every descendant still attached
-to it on every exit path of the parent, Ctrl-C included.
+to it on every exit path of the parent, Ctrl-C included. A parent that is killed outright
+(`kill -9`, a crash) runs no exit path: the kernel ends the child then (`die_with_parent`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import resource
@@ -56,8 +58,28 @@ def _user_tasks() -> int:
     return n
 
 
-def limit_child(max_file_mb: float = MAX_FILE_MB) -> None:
-    """Resource limits for the child, set in it between fork and exec (Popen's preexec_fn)."""
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In the child, between fork and exec: the kernel sends it SIGKILL when the thread that
+    started it dies (the harness starts children from the thread that waits for them), so a
+    `kill -9`ed or crashed trainbridge leaves no child measuring on. A parent already dead by
+    now is caught by the parent id check. No-op where prctl does not exist (not Linux)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def limit_child(max_file_mb: float = MAX_FILE_MB, parent_pid: int | None = None) -> None:
+    """Resource limits for the child, set in it between fork and exec (Popen's preexec_fn);
+    with `parent_pid`, the child also dies with that parent (`die_with_parent`)."""
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     size = int(max_file_mb * 2**20)
     _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)

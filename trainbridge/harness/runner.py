@@ -65,10 +65,8 @@ def materialize(workload: Workload, sources: dict[str, str], dest: Path) -> Path
     elif dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    for path in workload.root.rglob("*"):
+    for path in workload.program_paths():
         rel = path.relative_to(workload.root)
-        if "__pycache__" in rel.parts:
-            continue
         if path.is_dir():
             (dest / rel).mkdir(parents=True, exist_ok=True)
             continue
@@ -174,11 +172,12 @@ class ChildRun:
     def start(self) -> None:
         self.t0 = time.monotonic()
         fds = (self.boundaries.write_fd,) + ((self.gate_fd,) if self.gate_fd is not None else ())
+        parent = os.getpid()
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "trainbridge.harness.child", str(self.req_path)],
                 cwd=self.req.cwd, env=self.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=lambda: limit_child(self.max_file_mb), pass_fds=fds,
+                start_new_session=True, preexec_fn=lambda: limit_child(self.max_file_mb, parent), pass_fds=fds,
             )
         self.boundaries.start()
 

@@ -1,8 +1,12 @@
 """The append-only ledger file: each event one line, flushed and fsync'd before append returns.
 
-A crash can then lose at most the line being written; reading skips such a truncated line
-with a warning (and the next append starts on a fresh line), while a complete line that no
-longer matches the models is an error: that is a schema problem, not a crash.
+A crash can then lose at most the line being written: reading skips such a torn last line
+with a warning, and the next append cuts it off before writing, so a torn line is only ever
+the last one. Any other damaged line (an edit, a disk error) is an error naming the line, never
+a silent drop (`salvage=True` skips it with a warning instead). A complete line that no longer
+matches the models is an error too: a schema problem, not a crash. Fields this version does not
+know (a newer TrainBridge wrote them) are ignored with a warning; a newer ledger schema version
+is refused with a clear message.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from pydantic import ValidationError
+
 from .models import (
     EVENT_TYPES,
+    LEDGER_SCHEMA_VERSION,
     BaselineMeasured,
     CandidateDecided,
     CandidateMeasured,
@@ -31,7 +38,21 @@ from .models import (
 
 
 class LedgerError(ValueError):
-    """A ledger line that is complete JSON but not a valid event; names file and line."""
+    """A ledger line that cannot be read as an event (damaged, invalid, or from a newer schema);
+    names file and line."""
+
+
+def _drop(data, loc: tuple) -> None:
+    """Remove the field at pydantic error location `loc` from `data`; a part of `loc` that is not a
+    key or index (the tag of a tagged union) is stepped over."""
+    cur = data
+    for part in loc[:-1]:
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        elif isinstance(cur, list) and isinstance(part, int) and part < len(cur):
+            cur = cur[part]
+    if isinstance(cur, dict):
+        cur.pop(loc[-1], None)
 
 
 class CandidateSummary(BaseModel):
@@ -84,50 +105,88 @@ class LedgerState(BaseModel):
 class Ledger:
     """`runs/<id>/ledger.jsonl`; several Ledger objects on one path may append in turn."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, salvage: bool = False):
         self.path = Path(path)
+        self.salvage = salvage
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, event: BaseModel) -> None:
         if not isinstance(event, EVENT_TYPES):
             raise TypeError(f"not a ledger event: {type(event).__name__}")
         data = (event.model_dump_json() + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            if self._ends_mid_line():
-                data = b"\n" + data  # a crash left half a line: do not glue this event onto it
+            self._cut_torn_tail(fd)
             os.write(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
 
-    def _ends_mid_line(self) -> bool:
-        size = self.path.stat().st_size
-        if size == 0:
-            return False
-        with open(self.path, "rb") as f:
-            f.seek(size - 1)
-            return f.read(1) != b"\n"
+    def _cut_torn_tail(self, fd: int) -> None:
+        """A crash mid-write left half a line at the end: cut it off (it was never readable), so
+        a torn line is always the last one and any damaged line before it is real damage."""
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return
+        keep, end = 0, size
+        while end > 0:  # back to the last newline, a chunk at a time
+            start = max(0, end - (1 << 16))
+            chunk = os.pread(fd, end - start, start)
+            if b"\n" in chunk:
+                keep = start + chunk.rfind(b"\n") + 1
+                break
+            end = start
+        warnings.warn(f"{self.path}: cutting a torn last line ({size - keep} bytes, the process died mid-write)",
+                      stacklevel=3)
+        os.ftruncate(fd, keep)
+        os.fsync(fd)
 
     def events(self) -> list[BaseModel]:
-        """Every event in file order; truncated (non-JSON) lines skipped with a warning."""
+        """Every event in file order; a torn last line skipped with a warning, any other damaged
+        line an error (or, with `salvage`, skipped with a warning)."""
         if not self.path.exists():
             return []
         out = []
-        for n, line in enumerate(self.path.read_bytes().splitlines(), start=1):
+        lines = self.path.read_bytes().splitlines()
+        last = max((i for i, ln in enumerate(lines, start=1) if ln.strip()), default=0)
+        for n, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                json.loads(line)
+                data = json.loads(line)
             except ValueError:
-                warnings.warn(f"{self.path}:{n}: skipping a truncated line (the process died mid-write)",
-                              stacklevel=2)
-                continue
-            try:
-                out.append(parse_event(line))
-            except ValueError as e:
-                raise LedgerError(f"{self.path}:{n}: not a valid ledger event: {e}") from e
+                if n == last:
+                    warnings.warn(f"{self.path}:{n}: skipping a truncated line (the process died mid-write)",
+                                  stacklevel=2)
+                    continue
+                if self.salvage:
+                    warnings.warn(f"{self.path}:{n}: skipping a damaged line (salvage)", stacklevel=2)
+                    continue
+                raise LedgerError(f"{self.path}:{n}: a damaged line (not JSON) before the end of the ledger; "
+                                  "its events would be lost without a word (`trainbridge ledger --salvage` reads "
+                                  "around it)") from None
+            out.append(self._event(data, line, n))
         return out
+
+    def _event(self, data, line: bytes, n: int) -> BaseModel:
+        version = data.get("ledger_schema_version") if isinstance(data, dict) else None
+        if isinstance(version, int) and version > LEDGER_SCHEMA_VERSION:
+            raise LedgerError(f"{self.path}:{n}: written with ledger schema {version}; this TrainBridge reads up to "
+                              f"{LEDGER_SCHEMA_VERSION}: upgrade it to read this run")
+        try:
+            return parse_event(line)
+        except ValidationError as e:
+            unknown = [err["loc"] for err in e.errors() if err["type"] == "extra_forbidden"]
+            if not unknown or len(unknown) != len(e.errors()):
+                raise LedgerError(f"{self.path}:{n}: not a valid ledger event: {e}") from e
+        for loc in unknown:  # a newer TrainBridge's fields: read the event without them
+            _drop(data, loc)
+        warnings.warn(f"{self.path}:{n}: ignoring fields this version does not know: "
+                      f"{', '.join('.'.join(map(str, loc)) for loc in unknown)}", stacklevel=3)
+        try:
+            return parse_event(json.dumps(data))
+        except ValidationError as e:
+            raise LedgerError(f"{self.path}:{n}: not a valid ledger event: {e}") from e
 
     def candidates(self) -> list[CandidateSummary]:
         """One summary per candidate, in order of first appearance; later events win."""

@@ -129,25 +129,57 @@ def keep_looking(speedup: float, ci_low: float, ci_high: float, bar: float) -> b
     return ci_low <= 1 + bar < ci_high and speedup > 1 + bar / 2
 
 
-def simulated_false_accept_rate(p: SequentialPlan, *, sd_log: float, bar: float,
-                                sims: int = 20_000, seed: int = 0) -> float:
-    """The rule's false-accept rate by simulation when the true speedup is exactly the bar:
-    paired log-ratios ~ Normal(log(1 + bar), sd_log), the run-level t-interval at each look's
-    level, futility as `keep_looking`. (The loop also requires the bootstrap interval to clear,
-    which can only remove accepts.)"""
+class OperatingPoint(BaseModel):
+    """How the rule behaves at one true speedup, by simulation: how often it accepts, and how
+    many pairs (rounds) it takes on average."""
+
+    effect: float = Field(..., description="true fractional speedup (0.02 = 2% faster)")
+    accept_rate: float
+    mean_pairs: float
+
+
+def operating_point(p: SequentialPlan, *, sd_log: float, bar: float, effect: float,
+                    sims: int = 20_000, seed: int = 0) -> OperatingPoint:
+    """The rule at a true speedup of `1 + effect`: each pair's (round's) log ratio ~
+    Normal(log(1 + effect), sd_log), the run-level t-interval at each look's level, futility as
+    `keep_looking`. (The loop also requires the bootstrap interval to clear, which can only
+    remove accepts.)"""
     pairs_per_look = p.pairs_per_look
     rng = np.random.default_rng(seed)
-    d = rng.normal(math.log1p(bar), sd_log, size=(sims, p.looks * pairs_per_look))
+    d = rng.normal(math.log1p(effect), sd_log, size=(sims, p.looks * pairs_per_look))
     alive = np.ones(sims, bool)
     accepted = np.zeros(sims, bool)
+    pairs = np.zeros(sims)
     for k in range(1, p.looks + 1):
         x = d[:, : k * pairs_per_look]
         n = x.shape[1]
+        pairs += alive * pairs_per_look
         mean, se = x.mean(1), x.std(1, ddof=1) / math.sqrt(n)
         half = stats.t.ppf(1 - p.nominal_alpha[k - 1], n - 1) * se
         low, high = np.exp(mean - half), np.exp(mean + half)
         acc = alive & (low > 1 + bar)
         accepted |= acc
-        more = np.array([keep_looking(math.exp(m), lo, hi, bar) for m, lo, hi in zip(mean, low, high)])
+        more = (low <= 1 + bar) & (1 + bar < high) & (np.exp(mean) > 1 + bar / 2)  # keep_looking, vectorised
         alive &= ~acc & more
-    return float(accepted.mean())
+    return OperatingPoint(effect=effect, accept_rate=float(accepted.mean()), mean_pairs=float(pairs.mean()))
+
+
+def minimum_detectable_effect(p: SequentialPlan, *, sd_log: float, bar: float, power: float = 0.8,
+                              sims: int = 20_000, seed: int = 0) -> float:
+    """The smallest true speedup the rule accepts with probability `power`, for rounds whose
+    log ratios scatter by `sd_log` (bisection on `operating_point`, common random numbers)."""
+    lo, hi = bar, bar + 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if operating_point(p, sd_log=sd_log, bar=bar, effect=mid, sims=sims, seed=seed).accept_rate >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def simulated_false_accept_rate(p: SequentialPlan, *, sd_log: float, bar: float,
+                                sims: int = 20_000, seed: int = 0) -> float:
+    """The rule's false-accept rate by simulation when the true speedup is exactly the bar
+    (`operating_point` there)."""
+    return operating_point(p, sd_log=sd_log, bar=bar, effect=bar, sims=sims, seed=seed).accept_rate

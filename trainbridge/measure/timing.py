@@ -6,7 +6,9 @@ order is reversed every other round (A B, B A, A B ...) so a drift of the machin
 session falls on every arm alike. A round in which any run fails is dropped whole and its
 failure listed: run k of every arm then always comes from round k, which is what the paired
 interval in `measure.statistics.compare` assumes of equal-length arms. Dropping a lone run
-instead would pair run k of one arm with run k+1 of another.
+instead would pair run k of one arm with run k+1 of another. A dropped round is measured
+again (`MAX_REPLACED_ROUNDS`), so a broken pair is remeasured rather than leaving the session
+short: a look of a sequential plan keeps the size the plan assumes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,22 @@ from ..harness.runner import prepare_run, run_workload
 
 RunArm = Callable[[], RunResult]
 """One process of one arm: runs the arm's program once and returns the harness result."""
+
+MAX_REPLACED_ROUNDS = 2
+"""Dropped rounds measured again, at most, per session; only once some round of the session was
+kept (a program that never runs is not tried again and again)."""
+
+
+def _round_label(attempt: int, rounds: int) -> str:
+    return f"round {attempt + 1} of {rounds}" if attempt < rounds else f"replacement round {attempt + 1 - rounds}"
+
+
+def _next_round(attempt: int, kept: int, rounds: int) -> bool:
+    """Whether to measure another round: until `rounds` are kept, replacing dropped ones while
+    the replacements last and the session has kept a round."""
+    if kept >= rounds:
+        return False
+    return attempt < rounds or (kept > 0 and attempt < rounds + MAX_REPLACED_ROUNDS)
 
 
 class TimingSession(BaseModel):
@@ -61,7 +79,8 @@ RoundCheck = Callable[[dict[str, RunResult]], "str | None"]
 
 def interleave(arms: dict[str, RunArm], rounds: int, *, on_run: Callable[[str, int, RunResult], None] | None = None,
                check: RoundCheck | None = None) -> TimingSession:
-    """Run every arm once per round for `rounds` rounds; a round with a failed run is dropped whole.
+    """Run every arm once per round until `rounds` rounds are kept; a round with a failed run is
+    dropped whole and measured again (at most `MAX_REPLACED_ROUNDS` times, once a round was kept).
 
     The rest of a failed round is not run: its results could not be used. A run whose step
     clock was tampered with (`harness.boundaries`) is no failure to drop: it ends the session
@@ -76,8 +95,10 @@ def interleave(arms: dict[str, RunArm], rounds: int, *, on_run: Callable[[str, i
     names = list(arms)
     kept: dict[str, list[list[float]]] = {a: [] for a in names}
     orders, problems, violation = [], [], None
-    for i in range(rounds):
-        order = round_order(names, i)
+    i = -1
+    while _next_round(i + 1, len(kept[names[0]]), rounds):
+        i += 1
+        order = round_order(names, len(kept[names[0]]))  # a replacement keeps the dropped round's order
         orders.append(order)
         got: dict[str, RunResult] = {}
         for arm in order:
@@ -88,7 +109,7 @@ def interleave(arms: dict[str, RunArm], rounds: int, *, on_run: Callable[[str, i
                 violation = f"round {i + 1}: the {arm} run's {r.error}"
                 break
             if r.status != "ok":
-                problems.append(f"{arm} run {r.status} (round {i + 1} of {rounds} dropped): {(r.error or '')[:300]}")
+                problems.append(f"{arm} run {r.status} ({_round_label(i, rounds)} dropped): {(r.error or '')[:300]}")
                 break
             got[arm] = r
         if violation:
@@ -104,10 +125,19 @@ def interleave(arms: dict[str, RunArm], rounds: int, *, on_run: Callable[[str, i
                          violation=violation)
 
 
+def timing_kwargs(workload, run_kwargs: dict | None = None) -> dict:
+    """Harness options of a timed run: the manifest's `[steps] timed` measured steps (unless the
+    caller set them), then the caller's own options."""
+    timed = workload.manifest.steps.timed
+    return {**({"measured_steps": timed} if timed else {}), **(run_kwargs or {})}
+
+
 def program_arm(workload, target: str, files: dict[str, str], *, out_dir: Path, label: str, seed: int,
                 **run_kwargs) -> RunArm:
-    """An arm that runs `files` as the workload's program in a fresh harness process."""
-    return lambda: run_workload(workload, target, out_dir=out_dir, label=label, sources=files, seed=seed, **run_kwargs)
+    """An arm that runs `files` as the workload's program in a fresh harness process, with the
+    manifest's timed steps."""
+    kw = timing_kwargs(workload, run_kwargs)
+    return lambda: run_workload(workload, target, out_dir=out_dir, label=label, sources=files, seed=seed, **kw)
 
 
 def candidate_session(workload, target: str, *, incumbent: dict[str, str], candidate: dict[str, str], pairs: int,
@@ -128,8 +158,10 @@ def lockstep_session(workload, target: str, programs: dict[str, dict[str, str]],
     process together and lets them take turns one step at a time, the arm that goes first
     alternating by round. The session has the shape of `interleave`'s, so the same
     statistics and checks apply; a round with a failed arm or an overlapped measured step is
-    dropped whole, a tampered run or a failed `check` ends the session. `run_kwargs` gives an
-    arm's own harness options (`runner.prepare_run`: plugins, warm-up steps)."""
+    dropped whole (and measured again, as in `interleave`), a tampered run or a failed `check`
+    ends the session. `run_kwargs` gives an
+    arm's own harness options (`runner.prepare_run`: plugins, warm-up steps) over the manifest's
+    timed steps."""
     if len(programs) < 2:
         raise ValueError("lockstep needs at least two arms")
     if rounds < 1:
@@ -138,11 +170,13 @@ def lockstep_session(workload, target: str, programs: dict[str, dict[str, str]],
     kept: dict[str, list[list[float]]] = {a: [] for a in names}
     settle: dict[str, list[list[float]]] = {a: [] for a in names}
     orders, problems, violation = [], [], None
-    for i in range(rounds):
-        order = round_order(names, i)
+    i = -1
+    while _next_round(i + 1, len(kept[names[0]]), rounds):
+        i += 1
+        order = round_order(names, len(kept[names[0]]))  # a replacement keeps the dropped round's order
         orders.append(order)
         arms = {a: prepare_run(workload, target, out_dir=Path(out_dir) / a, label=a, sources=programs[a], seed=seed,
-                               **(run_kwargs or {}).get(a, {})) for a in names}
+                               **timing_kwargs(workload, (run_kwargs or {}).get(a))) for a in names}
         ls = run_lockstep(arms, order)
         if on_round:
             on_round(i, ls.results)
@@ -151,7 +185,7 @@ def lockstep_session(workload, target: str, programs: dict[str, dict[str, str]],
             violation = f"round {i + 1}: the {tampered} run's {ls.results[tampered].error}"
             break
         if ls.problem:
-            problems.append(f"round {i + 1} of {rounds} dropped: {ls.problem}")
+            problems.append(f"{_round_label(i, rounds)} dropped: {ls.problem}")
             continue
         if check is not None and (reason := check(ls.results)):
             violation = f"round {i + 1}: {reason}"
