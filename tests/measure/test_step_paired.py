@@ -74,3 +74,21 @@ def test_the_rule_accepts_at_the_bar_at_its_computed_rate_and_resolves_two_perce
     assert 0.005 < mde < 0.02
     # noisier rounds need a larger effect
     assert sequential.minimum_detectable_effect(p, sd_log=0.03, bar=0.005, sims=5_000, seed=3) > mde
+
+
+def test_a_candidate_that_moves_work_into_every_fifth_step_is_not_taken_for_faster():
+    # The attack on any robust statistic: 10% faster on four steps in five, 3x slower on the
+    # fifth (work deferred and done in a batch). The trimmed mean cuts those steps away; the
+    # training takes longer. The mean step over all timed steps must be shorter too.
+    rng = np.random.default_rng(5)
+    inc, cand = [], []
+    for _ in range(8):
+        base = 100.0 * np.exp(rng.normal(0, 0.01, 50))
+        inc.append(list(base))
+        cand.append(list(np.where(np.arange(50) % 5 == 4, 3.0, 0.9) * base * np.exp(rng.normal(0, 0.01, 50))))
+    c = compare(inc, cand, min_effect=0.0)
+    assert c.ci_low > 1.0 and c.speedup > 1.05  # what the trimmed statistic alone would accept
+    assert c.mean_speedup < 0.8 and c.decision == "reject" and "mean step is not" in c.reason, c.reason
+    # an honest gain keeps its accept
+    honest = compare(inc, [list(np.asarray(r) / 1.03) for r in inc], min_effect=0.0)
+    assert honest.decision == "accept" and honest.mean_speedup > 1.02

@@ -123,10 +123,11 @@ def plan(looks: int, confidence: float, pairs_per_look: int, spending: Spending 
     return _plan(looks, round((1.0 - confidence) / 2, 12), spending, pairs_per_look)
 
 
-def keep_looking(speedup: float, ci_low: float, ci_high: float, bar: float) -> bool:
+def keep_looking(speedup, ci_low, ci_high, bar: float):
     """Whether an undecided look earns another: the interval straddles the bar and the point
-    estimate is at least half-way to it (below that, more pairs would rarely clear it)."""
-    return ci_low <= 1 + bar < ci_high and speedup > 1 + bar / 2
+    estimate is at least half-way to it (below that, more pairs would rarely clear it).
+    Floats give a bool, arrays (the simulation's looks) an array."""
+    return (ci_low <= 1 + bar) & (1 + bar < ci_high) & (speedup > 1 + bar / 2)
 
 
 class OperatingPoint(BaseModel):
@@ -159,7 +160,7 @@ def operating_point(p: SequentialPlan, *, sd_log: float, bar: float, effect: flo
         low, high = np.exp(mean - half), np.exp(mean + half)
         acc = alive & (low > 1 + bar)
         accepted |= acc
-        more = (low <= 1 + bar) & (1 + bar < high) & (np.exp(mean) > 1 + bar / 2)  # keep_looking, vectorised
+        more = keep_looking(np.exp(mean), low, high, bar)
         alive &= ~acc & more
     return OperatingPoint(effect=effect, accept_rate=float(accepted.mean()), mean_pairs=float(pairs.mean()))
 

@@ -159,9 +159,8 @@ def lockstep_session(workload, target: str, programs: dict[str, dict[str, str]],
     alternating by round. The session has the shape of `interleave`'s, so the same
     statistics and checks apply; a round with a failed arm or an overlapped measured step is
     dropped whole (and measured again, as in `interleave`), a tampered run or a failed `check`
-    ends the session. `run_kwargs` gives an
-    arm's own harness options (`runner.prepare_run`: plugins, warm-up steps) over the manifest's
-    timed steps."""
+    ends the session. `run_kwargs` gives an arm's own harness options (`runner.prepare_run`:
+    plugins, warm-up steps) over the manifest's timed steps."""
     if len(programs) < 2:
         raise ValueError("lockstep needs at least two arms")
     if rounds < 1:
