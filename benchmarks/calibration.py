@@ -224,7 +224,14 @@ def main() -> None:
     t0 = time.monotonic()
     aa_rounds = measure_rounds(a.scheme, wl, port, port, a.aa_rounds, a.work / f"rounds-{a.scheme}-aa.json", a.work)
     step_ms = float(np.median([x for r in aa_rounds for x in r["incumbent_ms"]]))
-    sleep_s = a.effect * step_ms / 1e3
+    # the sleep the power rounds were measured with is kept beside them: a later --reuse (with
+    # more A/A rounds, so another median step) must report the sleep that was injected
+    sleep_file = a.work / f"rounds-{a.scheme}-power-sleep.json"
+    if sleep_file.exists():
+        sleep_s = json.loads(sleep_file.read_text())["sleep_s"]
+    else:
+        sleep_s = a.effect * step_ms / 1e3
+        sleep_file.write_text(json.dumps({"sleep_s": sleep_s, "median_aa_step_ms": step_ms, "effect": a.effect}))
     slow = slowed(port, wl.manifest.entry, sleep_s)
     power_rounds = measure_rounds(a.scheme, wl, slow, port, a.power_rounds,
                                   a.work / f"rounds-{a.scheme}-power.json", a.work)

@@ -24,6 +24,9 @@ def _invoke(*args: str):
     (["--looks", "0"], "--looks"),
     (["--baseline-runs", "1"], "--baseline-runs"),
     (["--minutes", "-3"], "--minutes"),
+    (["--agent", "gpt"], "--agent"),
+    (["--timing", "fast"], "--timing"),
+    (["--evidence-device", "tpu"], "--evidence-device"),
 ])
 def test_a_bad_number_or_name_is_refused_before_anything_runs(tmp_path, args, said):
     runs = tmp_path / "runs"
@@ -85,3 +88,33 @@ def test_run_folders_never_land_inside_the_workload_nor_join_its_program(tmp_pat
     assert not any(f.startswith("runs/") for f in wl.source_files() + wl.editable_files())
     dest = materialize(wl, {}, tmp_path / "program")
     assert not (dest / "runs").exists() and (dest / "train.py").exists()
+
+
+def test_help_lists_each_options_choices():
+    out = _invoke("run", "--help").output
+    for choice in ("recipes", "llm+recipes", "lockstep", "pairs"):
+        assert choice in out, choice
+    assert "cuda" in _invoke("collect", "--help").output
+
+
+def test_debug_shows_the_traceback_that_the_one_line_error_hides(tmp_path):
+    plain = CliRunner().invoke(app, ["run", str(tmp_path / "missing")], env={"COLUMNS": "200"})
+    assert plain.exit_code == 2 and "Traceback" not in plain.output
+    debug = CliRunner().invoke(app, ["--debug", "run", str(tmp_path / "missing")], env={"COLUMNS": "200"})
+    assert debug.exit_code == 1 and isinstance(debug.exception, (FileNotFoundError, ValueError)), debug.output
+
+
+def test_the_packages_log_goes_through_rich_warnings_always_info_with_debug():
+    import logging
+
+    from rich.logging import RichHandler
+
+    _invoke("--version")  # eager: the root callback does not run; --help neither
+    CliRunner().invoke(app, ["ledger", "show", "/nonexistent"])
+    logger = logging.getLogger("trainbridge.agent.rewriters.llm.client")
+    root = logging.getLogger("trainbridge")
+    assert [type(h) for h in root.handlers].count(RichHandler) == 1
+    assert not logger.isEnabledFor(logging.INFO) and logger.isEnabledFor(logging.WARNING)
+    CliRunner().invoke(app, ["--debug", "ledger", "show", "/nonexistent"])
+    assert [type(h) for h in root.handlers].count(RichHandler) == 1, "a second command must not add a handler"
+    assert logger.isEnabledFor(logging.INFO)

@@ -78,7 +78,8 @@ class CorrectnessConfig(_Strict):
     low_precision_rtol: float = Field(4e-2, gt=0, description="when either side runs bf16/fp16 math")
     trained_steps: int = Field(32, ge=0, description="baseline steps trained once per run before the later-window "
                                                      "check (measure.later_window); 0 turns that check off")
-    later_steps: int = Field(4, ge=1, description="steps compared from the trained state")
+    later_steps: int = Field(4, ge=1, description="at least this many steps compared from the trained state (the "
+                             "window runs a timed run's warm-up + timed steps when those are more)")
 
 
 class LimitsConfig(_Strict):

@@ -1,12 +1,14 @@
-"""kill -9 at every node of the loop, then `--resume`: the run still finishes, once.
+"""The agent loop end to end on the minigpt fixture, killed -9 at every node and resumed:
+the run still finishes, once, with its ledger, decisions, reports and final program.
 
-One run of the minigpt fixture is killed (SIGKILL to its process group) as soon as a kind
+One run of the minigpt fixture (two candidates) is killed (SIGKILL to its process group) as soon as a kind
 of ledger event it has not been killed after appears, resumed from the command line, and
 killed again at the next new kind, until it finishes. Every kind of event the loop writes
 is a kill point: run start, port, baseline, evidence, proposal, validation, measurement,
 decision.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -59,7 +61,7 @@ def _run_until_new_kind(cmd: list[str], cwd: Path, runs: Path, killed: set[str],
 def test_a_run_killed_after_every_kind_of_event_resumes_to_one_finish(tmp_path):
     runs = tmp_path / "runs"
     cli = [sys.executable, "-m", "trainbridge.cli", "run"]
-    cmd = cli + [str(MINIGPT), "--budget", "1", "--pairs", "1", "--looks", "1", "--baseline-runs", "4",
+    cmd = cli + [str(MINIGPT), "--budget", "2", "--pairs", "1", "--looks", "1", "--baseline-runs", "4",
                  "--skip-collect",
                  "--allow-no-evidence", "--no-compile-compare", "--runs-root", str(runs)]
     killed: set[str] = set()
@@ -82,4 +84,16 @@ def test_a_run_killed_after_every_kind_of_event_resumes_to_one_finish(tmp_path):
     assert decided and len(decided) == len(set(decided)), decided
     assert len(proposed) == len(set(proposed)), f"a candidate was proposed twice: {proposed}"
     assert kinds.count("baseline_measured") == 1 and kinds.count("port_applied") == 1, kinds
-    assert (run_dir / "report.md").exists()
+    # what the finished run leaves for review
+    fin = next(e for e in events if isinstance(e, ev.RunFinished))
+    assert fin.final_speedup is not None and (run_dir / "final" / "vs_port.diff").exists()
+    base = next(e for e in events if isinstance(e, ev.BaselineMeasured))
+    assert len(base.runs_ms) == 4 and 0.0 <= base.aa.false_accept_rate <= 1.0
+    report = (run_dir / "report.md").read_text()
+    page = (run_dir / "report.html").read_text()  # the page a reviewer opens, written by the same node
+    for cid in decided:
+        assert cid in report and f"id='{cid}'" in page
+    out = subprocess.run([sys.executable, "-m", "trainbridge.cli", "ledger", str(run_dir)], capture_output=True,
+                         text=True, cwd=tmp_path, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0 and decided[0] in out.stdout
+    assert json.loads((run_dir / "config.json").read_text())["budget_candidates"] == 2

@@ -47,7 +47,7 @@ def test_llm_run_on_nanogpt_validates_and_measures_model_candidates(tmp_path):
     with FakeOpenAIServer(script, model="fake-coder") as srv:
         proc = subprocess.run(
             [sys.executable, "-m", "trainbridge.cli", "run", str(work), "--agent", "llm", "--model", "fake-coder",
-             "--base-url", srv.base_url, "--budget", "3", "--pairs", "2", "--looks", "1", "--baseline-runs", "4",
+             "--base-url", srv.base_url, "--budget", "3", "--pairs", "1", "--looks", "1", "--baseline-runs", "4",
              "--skip-collect",
              "--no-compile-compare", "--runs-root", str(runs)],
             capture_output=True, text=True, timeout=900, env={**os.environ, "OPENAI_API_KEY": KEY},
@@ -72,7 +72,7 @@ def test_llm_run_on_nanogpt_validates_and_measures_model_candidates(tmp_path):
     # with the same interleaved pairs as any recipe candidate, and get a decision from them
     for cid in (sdpa[0], lerp[0]):
         assert validated[cid].passed, validated[cid]
-        assert cid in measured and measured[cid].comparison.n_runs_candidate >= 2
+        assert cid in measured and measured[cid].comparison.n_runs_candidate >= 1
         assert decided[cid].decision in ("accepted", "rejected")
     # the loss edit fails validation and never reaches the clock
     assert not validated[loss[0]].passed and loss[0] not in measured

@@ -5,9 +5,11 @@ the softcap or the final norm passes the first-window loss check: each test show
 then that the same candidate is refused from the baseline's trained state.
 """
 
+import re
+
 import pytest
 
-from trainbridge.agent.evaluate import reference_run, train_baseline_state, validate
+from trainbridge.agent.evaluate import later_window_shape, reference_run, train_baseline_state, validate
 from trainbridge.harness.runner import port_sources
 from trainbridge.measure.later_window import PLUGIN, read_report
 from trainbridge.harness.runner import run_workload
@@ -27,8 +29,9 @@ def setup(tmp_path_factory):
     ref = reference_run(wl, "cpu", port, out, seed=1337, label="ref")
     assert ref.status == "ok", ref.error
     c = wl.manifest.correctness
+    warmup, steps = later_window_shape(wl)
     window = train_baseline_state(wl, "cpu", port, out / "baseline", seed=1337, trained_steps=c.trained_steps,
-                                  steps=c.later_steps)
+                                  warmup_steps=warmup, steps=steps)
     return wl, port, ref, window, out
 
 
@@ -116,3 +119,36 @@ def test_the_save_run_reports_the_step_it_saved_at(setup, tmp_path):
     assert run.status == "ok", run.error
     report = read_report(run.plugin_outputs["trained_state"])
     assert report.saved_at_step == 2 and state.exists()
+
+
+def test_the_window_runs_a_timed_runs_steps():
+    """capgpt: 2 warm-up + 6 measured steps a timed run; `later_steps = 3` alone would compare 3."""
+    wl = load_workload(CAPGPT)
+    assert wl.manifest.correctness.later_steps == 3
+    assert later_window_shape(wl) == (2, 6)
+
+
+# Counts its own forward calls and drops the softcap from the 4th on: past the 3 steps
+# `later_steps` names, inside the 8 a timed run has. From the seed the softcap is near the
+# identity, so the timed runs' loss checks cannot see it either.
+COUNTED = ("        logits = cap * torch.tanh(logits / cap)\n",
+           "        _forwards[0] += 1\n"
+           "        if _forwards[0] <= 3:\n"
+           "            logits = cap * torch.tanh(logits / cap)\n")
+
+
+def test_a_deletion_that_waits_past_the_later_steps_is_caught_in_a_window_of_timed_length(setup):
+    wl, port, ref, window, out = setup
+    cand = _edit(port, *COUNTED)
+    cand = _edit(cand, "def rms_norm(", "_forwards = [0]\n\n\ndef rms_norm(")
+    assert window.compared_steps == 8
+    v = _validate(setup, cand, later=True)
+    assert not v.passed and v.stage == "later_window", v
+    assert "after 40 steps" in v.reason, v.reason
+    assert int(re.search(r"step (\d+)", v.reason).group(1)) >= 4, v.reason  # where the softcap went
+    # the window `later_steps` alone gives (3 steps, no warm-up) would have passed it
+    short = train_baseline_state(wl, "cpu", port, out / "short", seed=1337, trained_steps=40, steps=3)
+    verdict, _ = validate(wl, "cpu", original=port, candidate=cand, changed=[FILE], baseline_ref=ref,
+                          out_dir=out / "short-cand", seed=1337, low_precision=False, ops_removed=[],
+                          later_window=short)
+    assert verdict.passed, verdict.reason

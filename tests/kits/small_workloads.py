@@ -32,7 +32,7 @@ def small_nanogpt(tmp: Path) -> Path:
         "nanogpt's manifest changed shape"
     # no later-window check: it trains the baseline once and runs every candidate once more, two
     # process start-ups a candidate that the tests using this copy do not look at (the check has
-    # its own tests, and the README command's test keeps it on)
+    # its own tests, and the minigpt loop tests keep it on)
     text = text.replace("[correctness]\nsteps = 8\n", "[correctness]\nsteps = 8\ntrained_steps = 0\n")
     assert "trained_steps = 0" in text, "nanogpt's manifest changed shape"
     toml.write_text(text)

@@ -24,7 +24,7 @@ from ..measure.later_window import read_report as read_trained_state_report
 from ..measure.region_check import PLUGIN as REGION_PLUGIN
 from ..measure.region_check import changed_regions, read_results
 from ..measure.work import check_work
-from ..workload import Workload
+from ..workload import CorrectnessConfig, Workload
 
 
 class Validation(BaseModel):
@@ -45,18 +45,42 @@ def reference_run(workload: Workload, target: str, files: dict[str, str], out_di
 
 
 class TrainedWindow(BaseModel):
-    """The later window (`measure.later_window`): the baseline's trained state and its losses from there."""
+    """The later window (`measure.later_window`): the baseline's trained state and its losses from there.
+
+    The window runs in a timed run's shape (`later_window_shape`): a candidate that counts its
+    own steps and changes its math only past the validation's steps finds no step index here
+    that its timed runs reach and this window does not compare."""
 
     state_path: str = Field(..., description="absolute path of the saved model + optimizer state")
     trained_steps: int = Field(..., description="baseline steps trained before the state was saved")
-    steps: int = Field(..., description="steps run and compared from the trained state")
+    warmup_steps: int = Field(0, ge=0, description="warm-up steps run from the trained state (compared too)")
+    steps: int = Field(..., description="measured steps run from the trained state after the warm-up")
     baseline_losses: list[float | None]
+
+    @property
+    def compared_steps(self) -> int:
+        return self.warmup_steps + self.steps
+
+
+def later_window_shape(workload: Workload) -> tuple[int, int]:
+    """(warm-up, measured) steps of the later window: those of a timed run (the manifest's warm-up
+    and `[steps] timed`, else `measured`), lengthened to at least `[correctness] later_steps`.
+
+    Why a timed run's shape: the window is the run that holds near-identity operators to the
+    baseline (from the trained state a deleted softcap moves the loss at once). A window shorter
+    than a timed run would leave the timed runs' later steps unchecked for that, and a window of
+    another length than a timed run is one a program could tell apart by counting its steps."""
+    m = workload.manifest
+    warmup, measured = m.steps.warmup, m.steps.timed or m.steps.measured
+    return warmup, max(measured, m.correctness.later_steps - warmup)
 
 
 def train_baseline_state(workload: Workload, target: str, files: dict[str, str], out_dir: Path, *, seed: int,
-                         trained_steps: int, steps: int, npu_reference: bool = False) -> TrainedWindow:
+                         trained_steps: int, steps: int, warmup_steps: int = 0,
+                         npu_reference: bool = False) -> TrainedWindow:
     """Once per run: train the baseline `trained_steps` steps, save its state, and record its losses
-    over `steps` steps from that state (the reference every candidate's later window is held to)."""
+    over `warmup_steps` + `steps` steps from that state (the reference every candidate's later
+    window is held to; `later_window_shape` gives the loop's)."""
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     state = out_dir / "trained_state.pt"
@@ -67,7 +91,8 @@ def train_baseline_state(workload: Workload, target: str, files: dict[str, str],
     if save.status != "ok" or not state.exists():
         raise RuntimeError(f"training the baseline {trained_steps} steps for the later-window check failed "
                            f"({save.status}): {(save.error or 'no state saved')[:500]}")
-    window = TrainedWindow(state_path=str(state), trained_steps=trained_steps, steps=steps, baseline_losses=[])
+    window = TrainedWindow(state_path=str(state), trained_steps=trained_steps, warmup_steps=warmup_steps,
+                           steps=steps, baseline_losses=[])
     ref = trained_window_run(workload, target, files, out_dir, window, seed=seed, label="baseline-later",
                              npu_reference=npu_reference)
     if isinstance(ref, str):
@@ -78,12 +103,13 @@ def train_baseline_state(workload: Workload, target: str, files: dict[str, str],
 def trained_window_run(workload: Workload, target: str, files: dict[str, str], out_dir: Path,
                        window: TrainedWindow, *, seed: int, label: str,
                        npu_reference: bool = False) -> RunResult | str:
-    """`window.steps` steps of `files` from the trained state: the run, or why it did not load or run."""
+    """`window.warmup_steps` + `window.steps` steps of `files` from the trained state: the run, or
+    why it did not load or run."""
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     report_path = out_dir / f"{label}-{sources_digest(files)}.trained_state.json"
-    run = run_workload(workload, target, out_dir=out_dir, label=label, sources=files, warmup_steps=0,
-                       measured_steps=window.steps, seed=seed, npu_reference=npu_reference,
+    run = run_workload(workload, target, out_dir=out_dir, label=label, sources=files,
+                       warmup_steps=window.warmup_steps, measured_steps=window.steps, seed=seed, npu_reference=npu_reference,
                        plugins=[TRAINED_STATE_PLUGIN],
                        plugin_options={"mode": "load", "trained_state": window.state_path,
                                        "report_path": str(report_path)})
@@ -213,6 +239,8 @@ def validate(
                           rtol_low_precision=c.low_precision_rtol, low_precision=low_precision, steps=c.steps)
     if not loss.passed:
         return Validation(passed=False, stage="correctness", reason=loss.reason), run
+    if (why := _instrumented_steps_problem(baseline_ref, run, c, low_precision)) is not None:
+        return Validation(passed=False, stage="correctness", reason=why), run
     work = check_work(baseline_ref, run)
     if not work.passed:
         return Validation(passed=False, stage="work", reason=work.reason), run
@@ -240,6 +268,22 @@ def validate(
     return Validation(passed=True, stage="work", reason=checks, details=details), run
 
 
+def _instrumented_steps_problem(baseline_ref: RunResult, run: RunResult, c: CorrectnessConfig,
+                                low_precision: bool) -> str | None:
+    """Why the steps run under the instruments (op and FLOP counters, after the compared steps)
+    drift from the baseline's same steps, or None. Those steps are the only ones a program can
+    tell apart from a timed step (a dispatch mode is active); their counts stand for the whole
+    run only if the program computes there what it computes elsewhere."""
+    n = min(len(baseline_ref.losses), len(run.losses))
+    if n <= c.steps or any(x is None for x in baseline_ref.losses[:n]):
+        return None
+    every = compare_losses(baseline_ref.losses, run.losses, rtol_fp32=c.fp32_rtol,
+                           rtol_low_precision=c.low_precision_rtol, low_precision=low_precision, steps=n)
+    if every.passed:
+        return None
+    return f"the steps run under the op and FLOP counters (after the {c.steps} compared) differ: {every.reason}"
+
+
 def _later_window_problem(workload: Workload, target: str, candidate: dict[str, str], window: TrainedWindow,
                           out_dir: Path, *, seed: int, low_precision: bool,
                           npu_reference: bool) -> tuple[str | None, str]:
@@ -251,7 +295,8 @@ def _later_window_problem(workload: Workload, target: str, candidate: dict[str, 
         return f"{where}: {run}", ""
     c = workload.manifest.correctness
     loss = compare_losses(window.baseline_losses, run.losses, rtol_fp32=c.fp32_rtol,
-                          rtol_low_precision=c.low_precision_rtol, low_precision=low_precision, steps=window.steps)
+                          rtol_low_precision=c.low_precision_rtol, low_precision=low_precision,
+                          steps=window.compared_steps)
     if not loss.passed:
         return f"{where}: {loss.reason}", ""
     return None, f"{where}: {loss.reason}"

@@ -77,6 +77,8 @@ def final_report(ctx: RunContext, state: RunState) -> dict:
         done_reason=state.get("done_reason", ""), report_path=str(paths.report), end_to_end=e2e,
     ))
     from ..ledger.report import write_report_md
+    from ..ledger.report_html import write_report_html
 
     write_report_md(ctx.paths.root, ctx.ledger)
+    write_report_html(ctx.paths.root, ctx.ledger)
     return {"phase": "done"}

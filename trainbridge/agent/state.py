@@ -14,6 +14,8 @@ from pydantic import BaseModel, Field
 from ..targets.registry import TargetName
 
 AgentKind = Literal["recipes", "llm", "llm+recipes"]
+EvidenceDevice = Literal["cuda", "cpu"]
+TimingScheme = Literal["pairs", "lockstep"]
 
 
 class RunConfig(BaseModel):
@@ -24,7 +26,7 @@ class RunConfig(BaseModel):
     target: TargetName = "cpu"
     agent: AgentKind = "recipes"
     evidence: str | None = Field(None, description="evidence bundle to use instead of collecting")
-    evidence_device: Literal["cuda", "cpu"] = "cuda"
+    evidence_device: EvidenceDevice = "cuda"
     collect: bool = Field(True, description="collect GPU evidence when no bundle is given")
     allow_no_evidence: bool = Field(False, description="a run without GPU intents may finish with exit 0 "
                                                        "(otherwise its summary, report and exit code say so)")
@@ -34,7 +36,7 @@ class RunConfig(BaseModel):
                               "minimum detectable effect near 2% on nanogpt/cpu (benchmarks/calibration.py)")
     looks: int = Field(3, ge=1, description="timing sessions at most per candidate: an undecided one gets more "
                                             "pairs under a group-sequential plan (measure.sequential)")
-    timing_scheme: Literal["pairs", "lockstep"] = Field(
+    timing_scheme: TimingScheme = Field(
         "lockstep", description="how a candidate is timed against the incumbent: process pairs one after the other, or "
                              "both processes alive and taking turns step by step (harness/lockstep.py)")
     baseline_runs: int = Field(6, description="baseline runs, also the A/A calibration sample")

@@ -14,7 +14,7 @@ from .progress import RunProgress, step_progress
 # isort: off
 from . import init, profile, collect, run, ledger, records, doctor  # noqa: F401
 # isort: on
-from .ledger import ledger_cmd
+from .ledger import ledger_app, runs_cmd
 from .records import SHIPPED_SERIES, records_app, records_extract, records_run
 
 __all__ = [
@@ -24,11 +24,12 @@ __all__ = [
     "app",
     "console",
     "err_console",
-    "ledger_cmd",
+    "ledger_app",
     "main",
     "records_app",
     "records_extract",
     "records_run",
+    "runs_cmd",
     "step_progress",
     "user_errors",
 ]

@@ -6,9 +6,11 @@ manifest, a missing device) are printed as one clear message with exit code 2.
 
 from __future__ import annotations
 
+import enum
 import functools
 import signal
 import threading
+from typing import get_args
 
 import typer
 from rich.console import Console
@@ -39,14 +41,41 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+_debug = {"on": False}  # set by the root --debug option, read by user_errors
+
+
+def _log_through_rich(debug: bool) -> None:
+    """The package's loggers (the LLM rewriter's requests and retries, say) print through rich on
+    standard error: warnings always, info with --debug. Attached to the `trainbridge` logger, not
+    the root, so a host program's or pytest's own logging set-up is left alone."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("trainbridge")
+    for h in [h for h in logger.handlers if isinstance(h, RichHandler)]:
+        logger.removeHandler(h)
+    logger.addHandler(RichHandler(console=err_console, show_path=debug, rich_tracebacks=debug, markup=False))
+    logger.setLevel(logging.INFO if debug else logging.WARNING)
+
+
 @app.callback()
 def _root(
     _version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                   help="print the version and exit"),
+    debug: bool = typer.Option(False, "--debug", help="show the full traceback of an error, and the info log"),
 ) -> None:
     """TrainBridge: GPU compilation evidence -> measured, verified rewrites on cpu / cuda / npu."""
+    _debug["on"] = debug
+    _log_through_rich(debug)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)
+
+
+def choices(name: str, literal) -> type[enum.Enum]:
+    """A str Enum of a Literal's values, for a typer option: the Literal (in the config models)
+    stays the one table of what is allowed; the CLI shows and checks the same values."""
+    return enum.Enum(name, {v: v for v in get_args(literal)}, type=str)
 
 
 def _known_target(value: str) -> str:
@@ -67,6 +96,8 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except (ManifestError, TargetUnavailable, FileNotFoundError, ValueError) as e:
+            if _debug["on"]:
+                raise
             err_console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
             raise typer.Exit(2) from None
 

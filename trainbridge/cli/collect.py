@@ -7,15 +7,19 @@ from typing import Optional
 
 import typer
 
+from ..agent.state import EvidenceDevice
 from ..workload import load_workload
-from .app import app, console, err_console, user_errors
+from .app import app, choices, console, err_console, user_errors
+
+DeviceChoice = choices("DeviceChoice", EvidenceDevice)
 
 
 @app.command()
 @user_errors
 def collect(
     workload: Path = typer.Argument(..., help="workload folder (with trainbridge.toml)"),
-    device: str = typer.Option("cuda", "--device", help="whose compiler decisions: cuda (Triton, GPU or not) | cpu"),
+    device: DeviceChoice = typer.Option("cuda", "--device", help="whose compiler decisions: cuda (Triton kernels, "
+                                                                "GPU or not) or cpu"),
     out: Path = typer.Option(Path("evidence.json"), "--out", "-o", help="evidence bundle to write"),
     import_debug: Optional[Path] = typer.Option(None, "--import", help="a TORCH_COMPILE_DEBUG folder or output_code.py from a GPU run"),
 ) -> None:
@@ -31,12 +35,10 @@ def collect(
 
         bundle = import_debug_output(import_debug, source_root=wl.root)
     else:
-        if device not in ("cuda", "cpu"):
-            raise ValueError(f"--device {device}: choose cuda or cpu")
         from ..evidence.collect import collect_workload
 
-        with err_console.status(f"compiling {wl.manifest.name} with Inductor ({device} kernels) ..."):
-            bundle = collect_workload(wl, device=device, out_dir=out.parent / f".collect-{wl.manifest.name}")
+        with err_console.status(f"compiling {wl.manifest.name} with Inductor ({device.value} kernels) ..."):
+            bundle = collect_workload(wl, device=device.value, out_dir=out.parent / f".collect-{wl.manifest.name}")
     bundle.save(out)
     render_summary(bundle, console)
     console.print(f"wrote {out} ({bundle.route}, {time.perf_counter() - t0:.0f} s)")

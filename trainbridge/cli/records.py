@@ -112,6 +112,10 @@ def records_run(
         src = Path(opts.source)
     else:
         src = source or SHIPPED_SERIES
+        if source is None and not SHIPPED_SERIES.is_dir():
+            raise ValueError("no SOURCE given, and the shipped series (workloads/records/logs) comes with a clone "
+                             "of the repository, not with an installed package: give a Modded-NanoGPT checkout's "
+                             "records/ folder or a log file")
         out = out or Path("runs") / f"records-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}-{target}"
         try:
             wanted = [int(x) for x in only.split(",")] if only else None

@@ -8,9 +8,15 @@ from typing import Optional
 import typer
 from rich.text import Text
 
+from ..agent.state import AgentKind, EvidenceDevice, TimingScheme
 from ..workload import load_workload
-from .app import TargetOpt, app, console, err_console, user_errors
+from .app import TargetOpt, app, choices, console, err_console, user_errors
 from .progress import RunProgress
+
+# `--help` lists each option's choices, and typer refuses any other value before anything runs
+AgentChoice = choices("AgentChoice", AgentKind)
+EvidenceChoice = choices("EvidenceChoice", EvidenceDevice)
+TimingChoice = choices("TimingChoice", TimingScheme)
 
 
 @app.command()
@@ -20,8 +26,9 @@ def run(
     target: str = TargetOpt,
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue runs/<id> after a crash or Ctrl-C"),
     evidence: Optional[Path] = typer.Option(None, "--evidence", help="evidence bundle from `trainbridge collect`"),
-    evidence_device: str = typer.Option("cuda", help="device whose compiler decisions to collect: cuda | cpu"),
-    agent: str = typer.Option("recipes", help="recipes | llm | llm+recipes"),
+    evidence_device: EvidenceChoice = typer.Option("cuda", help="device whose compiler decisions to collect"),
+    agent: AgentChoice = typer.Option("recipes", help="who writes the candidates: the recipe library, a model, "
+                                                     "or both"),
     model: Optional[str] = typer.Option(None, "--model", help="LLM model name (--agent llm)"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (or OPENAI_BASE_URL)"),
     budget: int = typer.Option(10, min=0, help="most candidates to try"),
@@ -29,7 +36,7 @@ def run(
     pairs: int = typer.Option(4, min=1, help="incumbent/candidate rounds per timing session (look)"),
     looks: int = typer.Option(3, min=1, help="timing sessions at most per candidate: an undecided one is timed again, "
                                       "each look at a group-sequential level (1 = one session, no second look)"),
-    timing: str = typer.Option("lockstep", help="lockstep (both programs alive, taking turns step by step; "
+    timing: TimingChoice = typer.Option("lockstep", help="lockstep (both programs alive, taking turns step by step; "
                                                 "benchmarks/calibration.py) | pairs (one process after the other)"),
     baseline_runs: int = typer.Option(6, min=4, help="baseline runs (also the A/A calibration sample)"),
     skip_collect: bool = typer.Option(False, "--skip-collect",
@@ -70,14 +77,11 @@ def run(
                 raise ValueError("--dry-run is for --target npu (other targets are measured here)")
             if looks < 1:
                 raise ValueError(f"--looks {looks}: at least 1")
-            if timing not in ("pairs", "lockstep"):
-                raise ValueError(f"--timing {timing}: choose pairs or lockstep")
-            if agent not in ("recipes", "llm", "llm+recipes"):
-                raise ValueError(f"--agent {agent}: choose recipes, llm or llm+recipes")
             cfg = RunConfig(
                 run_id=new_run_id(wl.manifest.name, target), workload=str(wl.root), target=target,
-                agent=agent, evidence=str(evidence.resolve()) if evidence else None, evidence_device=evidence_device,
-                budget_candidates=budget, budget_minutes=minutes, timing_pairs=pairs, timing_scheme=timing, looks=looks,
+                agent=agent.value, evidence=str(evidence.resolve()) if evidence else None,
+                evidence_device=evidence_device.value, budget_candidates=budget, budget_minutes=minutes,
+                timing_pairs=pairs, timing_scheme=timing.value, looks=looks,
                 baseline_runs=baseline_runs,
                 collect=not skip_collect, allow_no_evidence=allow_no_evidence, dry_run=dry_run,
                 compare_compile=not no_compile_compare, llm_model=model, llm_base_url=base_url,

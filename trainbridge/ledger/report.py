@@ -37,7 +37,8 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
         lines += ["## Port", "", f"{len(port.changes)} changes (see ledger `PortApplied`):", ""]
         for c in port.changes[:40]:
             flag = " **(semantic change)**" if c.semantic_change else ""
-            lines.append(f"- `{c.file}:{c.line}` {c.kind}: {c.note}{flag}")
+            lines.append(f"- `{c.file}:{c.line}` {c.kind}: `{c.before}` -> `{c.after}`; "
+                         f"{c.note or 'no reason recorded'}{flag}")
         lines.append("")
     if base:
         aa = base.aa

@@ -4,8 +4,9 @@ The first-K-steps loss check starts where near-identity operators are near the i
 tanh softcap on zero-initialised logits, a norm over activations already near unit scale.
 Deleting one barely moves the first losses. So once per run the baseline is trained for a
 few dozen steps and its model and optimizer state saved (a *trained state*); every
-candidate's validation then also runs a few steps from that state, and its losses are held
-to the baseline's from the same state by the same rule as the first window.
+candidate's validation then also runs from that state, as many steps as a timed run and
+without instruments (`agent.evaluate.later_window_shape`), and its losses are held to the
+baseline's from the same state by the same rule as the first window.
 
 Child side: `TrainedStatePlugin` saves the state at a step (mode `save`) or loads it into
 the program's model before its first forward and into each optimizer before its first step

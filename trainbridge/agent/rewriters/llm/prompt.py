@@ -1,7 +1,9 @@
 """The prompt templates and the text parts that fill them.
 
-The wording of the prompts lives in prompts/*.md (system, rewrite, repair), outside the code,
-so it can be edited and reviewed as text; `TRAINBRIDGE_PROMPTS` points at another folder.
+The wording of the prompts lives in trainbridge/prompts/*.md (system, rewrite, repair; the
+repository's top-level `prompts/` links there), outside the code, so it can be edited and
+reviewed as text. It is package data: an installed wheel carries it. `TRAINBRIDGE_PROMPTS`
+points at another folder.
 This module finds and fills those templates, and renders the parts of the context that go
 into them as text: the target profile, the GPU intent and its evidence, and the manifest's
 protected regions.
@@ -21,7 +23,7 @@ PROMPTS_ENV = "TRAINBRIDGE_PROMPTS"
 
 
 def prompts_dir() -> Path:
-    """$TRAINBRIDGE_PROMPTS, else prompts/ at the repository root, else ./prompts."""
+    """$TRAINBRIDGE_PROMPTS, else the package's prompts/ (the first prompts/ above this file), else ./prompts."""
     env = os.environ.get(PROMPTS_ENV)
     if env:
         p = Path(env).expanduser()
