@@ -3,7 +3,7 @@
 Builds a wheel of this checkout, installs it into a fresh virtualenv, and from a folder
 outside the checkout runs what a user of the installed package runs first:
 
-1. `trainbridge --help` and `--version`;
+1. `trainbridge --help` and `--version`, and `records extract` of the shipped series (package data);
 2. a tiny `trainbridge run` on a small program (the loop's test fixture, copied);
 3. `trainbridge run --agent llm` against a scripted OpenAI-compatible server on 127.0.0.1,
    which must receive the shipped system prompt (a wheel without its prompts once made the
@@ -62,7 +62,13 @@ def main() -> None:
         prompts = Path(where).parent / "prompts" / "system.md"
         if not prompts.is_file():
             sys.exit(f"the wheel has no prompts: {prompts} is missing")
+        shipped = Path(where).parent / "records" / "shipped_logs"
+        if len(list(shipped.glob("*/*.txt"))) < 10:
+            sys.exit(f"the wheel lacks the shipped record-style series: {shipped}")
         sh([str(exe), "--help"], cwd=work, env=env)
+        table = sh([str(exe), "records", "extract", str(shipped)], cwd=work, env=env).stdout
+        if "ModernArch" not in table:
+            sys.exit(f"`records extract` of the shipped series printed no record table:\n{table[-2000:]}")
         print(sh([str(exe), "--version"], cwd=work, env=env).stdout.strip())
 
         program = work / "minigpt"

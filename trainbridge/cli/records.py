@@ -12,8 +12,8 @@ from .progress import RunProgress
 
 records_app = typer.Typer(no_args_is_help=True, help="Modded-NanoGPT record comparisons: extract, then run.")
 app.add_typer(records_app, name="records")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_SERIES = REPO_ROOT / "workloads" / "records" / "logs"
+# package data, so an installed wheel has it too (workloads/records/logs in a clone links here)
+SHIPPED_SERIES = Path(__file__).resolve().parents[1] / "records" / "shipped_logs"
 
 
 def _parse_sets(sets: list[str]) -> dict[str, object]:
@@ -113,9 +113,8 @@ def records_run(
     else:
         src = source or SHIPPED_SERIES
         if source is None and not SHIPPED_SERIES.is_dir():
-            raise ValueError("no SOURCE given, and the shipped series (workloads/records/logs) comes with a clone "
-                             "of the repository, not with an installed package: give a Modded-NanoGPT checkout's "
-                             "records/ folder or a log file")
+            raise ValueError(f"no SOURCE given, and the shipped series ({SHIPPED_SERIES}) is missing from this "
+                             "installation: give a Modded-NanoGPT checkout's records/ folder or a log file")
         out = out or Path("runs") / f"records-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}-{target}"
         try:
             wanted = [int(x) for x in only.split(",")] if only else None
