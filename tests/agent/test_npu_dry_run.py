@@ -18,7 +18,7 @@ def test_nanogpt_npu_dry_run(tmp_path):
     work = small_nanogpt(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "trainbridge.cli", "run", str(work), "--target", "npu", "--dry-run", "--skip-collect",
-         "--budget", "4", "--runs-root", str(runs)], capture_output=True, text=True, timeout=900)
+         "--budget", "6", "--runs-root", str(runs)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = next(runs.iterdir())
     events = list(Ledger(run_dir / "ledger.jsonl").events())
