@@ -19,7 +19,7 @@ import subprocess
 import pytest
 
 from trainbridge.ledger import models as ev
-from trainbridge.ledger.report_html import PredictionCheck, write_report_html
+from trainbridge.ledger.report_html import PredictionCheck, waterfall_svg, write_report_html
 from trainbridge.ledger.store import Ledger
 from trainbridge.ledger.summary import verdict_line
 from trainbridge.measure.statistics import compare
@@ -86,6 +86,21 @@ def test_the_page_has_the_verdict_a_card_per_candidate_and_every_chart(tmp_path)
     assert "torch" in page and "2.13.0" in page
 
 
+def test_a_chart_that_cannot_be_drawn_says_why_and_the_page_is_still_written(tmp_path, monkeypatch, caplog):
+    import trainbridge.ledger.report_html as report_html
+
+    def broken(*_):
+        raise ValueError("'yerr' must not contain <negative> values")
+
+    monkeypatch.setattr(report_html, "waterfall_svg", broken)
+    run_dir, led = _run_folder(tmp_path)
+    page = write_report_html(run_dir, led).read_text()
+    assert re.findall(r"data-chart='(\w+)'", page) == ["waterfall", "steps", "losses"]
+    assert page.count("<svg") == 2
+    assert "chart not drawn: &#x27;yerr&#x27; must not contain &lt;negative&gt; values" in page
+    assert "waterfall chart could not be drawn" in caplog.text
+
+
 def test_nothing_is_loaded_from_elsewhere(tmp_path):
     run_dir, led = _run_folder(tmp_path)
     page = write_report_html(run_dir, led).read_text()
@@ -105,6 +120,20 @@ def test_the_prediction_miss_is_said_with_its_size():
     assert PredictionCheck.of(near, comp).missed_by_pct == 0.0
     low = ev.HypothesisRecord(**{**HYP, "predicted_saving_pct": 1.0})
     assert "understated by" in PredictionCheck.of(low, comp).sentence()
+
+
+@pytest.mark.parametrize("where", ["one_ulp_above", "below_the_interval"])
+def test_the_waterfall_draws_a_final_figure_that_lies_outside_its_interval(where):
+    """A percentile interval need not hold its point estimate: with tied step times it can be a
+    single value one rounding error below it (a CI run of one pair died on matplotlib's negative
+    `yerr`), and a bootstrap of medians can sit wholly beside it."""
+    comp = compare(INC, CAND, n_boot=200)
+    if where == "one_ulp_above":
+        comp = comp.model_copy(update={"ci_low": comp.speedup - 2e-16, "ci_high": comp.speedup - 2e-16})
+    else:
+        comp = comp.model_copy(update={"ci_low": comp.speedup + 0.01, "ci_high": comp.speedup + 0.03})
+    svg = waterfall_svg([("c01-fuse", 1.05)], comp)
+    assert svg.startswith("<svg") and "final vs port" in svg
 
 
 def _png_size(path) -> tuple[int, int]:

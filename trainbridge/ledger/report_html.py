@@ -19,6 +19,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import logging
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -27,6 +28,8 @@ from . import models as ev
 from ..measure.statistics import Comparison
 from .store import Ledger
 from .summary import evidence_event, evidence_line, verdict_line
+
+log = logging.getLogger(__name__)
 
 REPORT_NAME = "report.html"
 MAX_DIFF_LINES = 200
@@ -75,6 +78,17 @@ def _figure(width: float, height: float):
     return plt.subplots(figsize=(width, height))
 
 
+def _chart(name: str, draw, *args) -> str:
+    """One chart's block. A chart is a view of figures the ledger already holds, so a chart that
+    cannot be drawn says why in its place (and in the log) instead of failing the run's report."""
+    try:
+        svg = draw(*args)
+    except Exception as exc:  # noqa: BLE001 - any plotting failure, shown on the page
+        log.warning("report.html: the %s chart could not be drawn: %s", name, exc)
+        return f"<div class='chart missing' data-chart='{name}'>chart not drawn: {_e(str(exc))}</div>"
+    return f"<div class='chart' data-chart='{name}'>{svg}</div>"
+
+
 def waterfall_svg(accepted: list[tuple[str, float]], final: Comparison | None) -> str:
     """Each accepted candidate's step from the incumbent it beat, as the incumbent's speedup over
     the port after it; the end-to-end final-vs-port figure with its interval last."""
@@ -88,8 +102,12 @@ def waterfall_svg(accepted: list[tuple[str, float]], final: Comparison | None) -
     if final is not None:
         x = len(labels)
         ax.bar(x, final.speedup, color="#4a78b5")
-        ax.errorbar(x, final.speedup, yerr=[[final.speedup - final.ci_low], [final.ci_high - final.speedup]],
-                    color="#222", capsize=4)
+        # The interval is the wider of a bootstrap and a t-interval, and a percentile bootstrap
+        # need not contain the point estimate (one pair of runs, skewed steps): draw the whole
+        # interval as given, and the point where it lies, rather than a negative bar length.
+        ax.vlines(x, final.ci_low, final.ci_high, color="#222")
+        ax.hlines([final.ci_low, final.ci_high], x - 0.12, x + 0.12, color="#222")
+        ax.plot([x], [final.speedup], "o", color="#222", ms=3)
         labels.append("final vs port\n(end to end)")
     ax.axhline(1.0, color="#555", lw=0.8)
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
@@ -232,11 +250,10 @@ def _card(run_dir: Path, cid: str, p: ev.CandidateProposed | None, v: ev.Candida
     parts.append(f"<p>Decision: {_e(d.reason)}{_e(f' ({d.rule})') if d.rule else ''}</p>")
     charts = []
     if m is not None:
-        steps = step_times_svg(m.incumbent_runs_ms, m.candidate_runs_ms)
-        charts.append(f"<div class='chart' data-chart='steps'>{steps}</div>")
+        charts.append(_chart("steps", step_times_svg, m.incumbent_runs_ms, m.candidate_runs_ms))
     cand_losses = _losses(run_dir / "candidates" / cid / "validate_ref.json")
     if baseline_losses and cand_losses:
-        charts.append(f"<div class='chart' data-chart='losses'>{losses_svg(baseline_losses, cand_losses)}</div>")
+        charts.append(_chart("losses", losses_svg, baseline_losses, cand_losses))
     if charts:
         parts.append(f"<div class='charts'>{''.join(charts)}</div>")
     parts.append("<details><summary>GPU evidence</summary>"
@@ -306,7 +323,7 @@ def write_report_html(run_dir: Path, ledger: Ledger) -> Path:
     final = fin.end_to_end.final_vs_port if fin is not None else None
     out.append("<h2>Accepted rewrites, stacked</h2>")
     if accepted or final is not None:
-        out.append(f"<div class='chart' data-chart='waterfall'>{waterfall_svg(accepted, final)}</div>")
+        out.append(_chart("waterfall", waterfall_svg, accepted, final))
         out.append("<p class='muted'>Each green step: an accepted candidate, as the incumbent's speedup over the "
                    "port after it (measured against the incumbent it replaced). Blue: the final program against "
                    "the port, measured end to end in one interleaved session, with its interval.</p>")
