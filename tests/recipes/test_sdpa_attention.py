@@ -59,7 +59,7 @@ def test_attention_recipe_on_idioms(idiom):
     torch.testing.assert_close(yb, ya, atol=1e-5, rtol=1e-5)
 
 
-def test_attention_with_dropout_is_not_rewritten():
+def test_dropout_through_a_function_argument_is_not_rewritten():
     src = textwrap.dedent("""
         import torch
         def attn(q, k, v, mask, drop):
@@ -71,7 +71,65 @@ def test_attention_with_dropout_is_not_rewritten():
             return y
     """)
     out = RECIPES["sdpa_attention"].apply({"p.py": src}, "cpu")
-    assert isinstance(out, NotApplicable)
+    assert isinstance(out, NotApplicable) and "drop(att): a module not set on self" in out.reason
+
+
+ATTENTION_DROPOUT = {  # the dropout forms real programs use on the attention weights
+    "module": ("self.attn_dropout = nn.Dropout(p)", "att = self.attn_dropout(att)"),
+    "functional": ("self.p = p", "att = F.dropout(att, p=self.p, training=self.training)"),
+    "functional_positional": ("self.p = p", "att = nn.functional.dropout(att, self.p, self.training)"),
+}
+ATTENTION_DROPOUT_PROGRAM = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attn(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        {init}
+
+    def forward(self, q, k, v):
+        T = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
+        att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+        att = F.softmax(att, dim=-1)
+        {drop}
+        return att @ v
+"""
+
+
+@pytest.mark.parametrize("form", ATTENTION_DROPOUT)
+def test_dropout_on_the_attention_weights_moves_inside_the_fused_call(form):
+    init, drop = ATTENTION_DROPOUT[form]
+    src = ATTENTION_DROPOUT_PROGRAM.format(init=init, drop=drop)
+    new, out = _apply("sdpa_attention", src, "cpu")
+    assert "softmax" not in new and "dropout(" not in new.split("def forward")[1].split("scaled_dot")[0]
+    assert "dropout_p=(self.attn_dropout.p if self.attn_dropout.training else 0.0)" in new if form == "module" \
+        else "dropout_p=(self.p if self.training else 0.0)" in new
+    assert any("moves inside the fused call" in n and "math path on the CPU" in n for n in out.notes), out.notes
+    a, b = kit.load(src), kit.load(new)
+    q, k, v = _qkv(T=16)
+    for p, train in ((0.0, True), (0.3, False), (0.3, True)):
+        ma, mb = a["Attn"](p), b["Attn"](p)
+        ma.train(train), mb.train(train)
+        torch.manual_seed(7)
+        ya = ma(q, k, v)
+        torch.manual_seed(7)
+        yb = mb(q, k, v)
+        # on the CPU a dropout_p > 0 takes SDPA's math path, which draws eager's mask: equal in training too
+        torch.testing.assert_close(yb, ya, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(ya, ma.eval()(q, k, v))  # the dropout did drop something
+
+
+def test_dropout_on_the_attention_weights_is_refused_with_reasons_it_cannot_say():
+    drop_path = ATTENTION_DROPOUT_PROGRAM.format(init="self.drop = DropPath(p)", drop="att = self.drop(att)")
+    out = RECIPES["sdpa_attention"].apply({"p.py": drop_path}, "cpu")
+    assert isinstance(out, NotApplicable) and "self.drop is not set to nn.Dropout(...)" in out.reason
+    module = ATTENTION_DROPOUT_PROGRAM.format(init=ATTENTION_DROPOUT["module"][0], drop=ATTENTION_DROPOUT["module"][1])
+    out = RECIPES["sdpa_attention"].apply({"p.py": module}, "npu")
+    assert isinstance(out, NotApplicable) and "keep_prob is not written here" in out.reason
 
 
 def _qkv(B=2, H=2, T=8, D=16, dtype=torch.float32):
@@ -85,9 +143,9 @@ def test_attention_sites_and_mask_kinds_on_other_idioms():
     assert kinds["Attn.forward"] == "tril(ones) == 0"  # registered tril buffer, sliced [:, :, :T, :T]
     assert kinds["attn_additive"].startswith("triu(full(-inf)")
     assert kinds["attn_padded"].startswith("explicit bool")  # not causal: passed as an explicit mask
-    assert "AttnDrop.forward" not in kinds  # dropout between softmax and @ v
+    assert kinds["AttnDrop.forward"].startswith("triu(ones")  # dropout between softmax and @ v: moved inside
     assert "is_causal=True" in new and "attn_mask=~pad[:, None, None, :]" in new
-    assert new.count("softmax(") == 1 and "self.drop(s.softmax(-1))" in new  # only AttnDrop keeps one
+    assert "softmax(" not in new and "dropout_p=(self.drop.p if self.drop.training else 0.0)" in new
 
 
 @pytest.mark.parametrize("fn", ["attn_additive", "attn_padded", "Attn"])
@@ -137,7 +195,7 @@ def test_attention_not_applicable_reasons():
             "    T = q.size(-2)\n    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))\n"
             "    return drop(s.softmax(-1)) @ v\n")
     out = RECIPES["sdpa_attention"].apply({"p.py": drop}, "cpu")
-    assert isinstance(out, NotApplicable) and "dropout" in out.reason
+    assert isinstance(out, NotApplicable) and "dropout call drop(" in out.reason
     zero_fill = ("import torch\ndef f(q, k, v, m):\n    s = (q @ k.transpose(-2, -1)) * 0.5\n"
                  "    s = s.masked_fill(m, 0.0)\n    return s.softmax(-1) @ v\n")
     out = RECIPES["sdpa_attention"].apply({"p.py": zero_fill}, "cpu")

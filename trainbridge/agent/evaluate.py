@@ -244,6 +244,7 @@ def validate(
     work = check_work(baseline_ref, run)
     if not work.passed:
         return Validation(passed=False, stage="work", reason=work.reason), run
+    region_note = {**region_note, "work": "; ".join([work.reason, *work.notes])}
     fell, note = mechanism_check(incumbent_ref or baseline_ref, run, ops_removed, compiled_region=compiled_region,
                                  gemm_precision=gemm_precision)
     if not fell and not npu_reference:

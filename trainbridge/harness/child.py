@@ -153,6 +153,7 @@ def run(req: RunRequest) -> RunResult:
     result.peak_memory_mb = target.peak_memory_mb()
     result.ops_per_step = clock.ops_per_step
     result.flops_per_step = clock.flops_per_step
+    result.elementwise_per_step = clock.elementwise_per_step
     result.step_functions = clock.step_functions
     total_graphs = _compiled_graphs()
     if total_graphs:

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..aten_ops import PRECISION_GEMMS, dispatcher_names
 from .boundaries import FORMAT as BOUNDARY_FORMAT
 from .handwritten_optimizers import HandwrittenOptimizerHooks
-from .models import OpCount, RunRequest, StepRecord
+from .models import ElementwiseCount, OpCount, RunRequest, StepRecord
 from .plugins import HarnessPlugin
 
 
@@ -137,6 +137,8 @@ class StepClock:
         self.function_tracer: _FunctionTracer | None = None
         self.step_functions: dict[str, int] | None = None
         self.flops_per_step: int | None = None
+        self.elementwise_counter = None
+        self.elementwise_per_step: ElementwiseCount | None = None
         self.profile_ops: list[dict] | None = None
         self.graphs_at_root: int | None = None  # compiled graphs before the first training forward
 
@@ -237,6 +239,8 @@ class StepClock:
         self.loss_ref = tensor.detach()
 
     def _opt_pre(self, optimizer, args, kwargs):
+        if self.elementwise_counter is not None:
+            self.elementwise_counter.paused += 1  # the update is not elementwise work of the model
         oid = id(optimizer)
         if oid not in self.optimizers_seen:
             self.optimizers_seen.add(oid)
@@ -244,6 +248,8 @@ class StepClock:
                 p.on_optimizer(optimizer)
 
     def _opt_post(self, optimizer, args, kwargs):
+        if self.elementwise_counter is not None and self.elementwise_counter.paused:
+            self.elementwise_counter.paused -= 1
         self.stepped.add(id(optimizer))
         if self.known is None:
             self.target.synchronize()
@@ -305,10 +311,13 @@ class StepClock:
             self.function_tracer = _FunctionTracer(Path(self.req.cwd))
             self.function_tracer.__enter__()
         elif next_phase == "count_flops":
+            from .elementwise import ElementwiseCounter
             from .flops import flop_counter
 
             self.flop_counter = flop_counter()
             self.flop_counter.__enter__()
+            self.elementwise_counter = ElementwiseCounter()
+            self.elementwise_counter.__enter__()
 
     def _stop_instruments(self, phase: str) -> None:
         index = len(self.steps) + 1
@@ -326,6 +335,12 @@ class StepClock:
                 self.function_tracer.__exit__(None, None, None)
                 self.step_functions = dict(self.function_tracer.calls.most_common())
                 self.function_tracer = None
+        if phase == "count_flops" and self.elementwise_counter is not None:
+            self.elementwise_counter.__exit__(None, None, None)
+            c = self.elementwise_counter
+            self.elementwise_per_step = ElementwiseCount(total=c.total, by_op=dict(c.by_op.most_common()),
+                                                         opaque=dict(c.opaque.most_common()))
+            self.elementwise_counter = None
         if phase == "count_flops" and self.flop_counter is not None:
             self.flop_counter.__exit__(None, None, None)
             self.flops_per_step = int(self.flop_counter.get_total_flops())
@@ -358,6 +373,8 @@ class StepClock:
             self.function_tracer.__exit__(None, None, None)
         if self.op_counter is not None:
             self.op_counter.__exit__(None, None, None)
+        if self.elementwise_counter is not None:
+            self.elementwise_counter.__exit__(None, None, None)
         if self.flop_counter is not None:
             self.flop_counter.__exit__(None, None, None)
         if self.profiler is not None:

@@ -122,6 +122,16 @@ class OpCount(BaseModel):
                                           "of their first tensor input: where a precision change shows")
 
 
+class ElementwiseCount(BaseModel):
+    """Elementwise work of one training step (harness.elementwise), optimizer update excluded."""
+
+    total: int = Field(description="elements written by arithmetic ops plus elements read by reductions")
+    by_op: dict[str, int] = Field(description="the same, by arithmetic op or reduction (after decomposition)")
+    opaque: dict[str, int] = Field(
+        default_factory=dict,
+        description="calls of ops the counter could neither decompose nor give a formula (their work is not in total)")
+
+
 class LogLine(BaseModel):
     """A Modded-NanoGPT style `step:N/M ... train_time:...ms step_avg:...ms` line the program printed."""
 
@@ -143,6 +153,8 @@ class RunResult(BaseModel):
     peak_memory_mb: float | None = None
     ops_per_step: OpCount | None = None
     flops_per_step: int | None = None
+    elementwise_per_step: ElementwiseCount | None = Field(
+        None, description="counted on the FLOP-count step: the arithmetic a FLOP count leaves out")
     compiled_graphs_in_steps: int | None = Field(
         None, description="torch.compile graphs first compiled after the first forward of the root module (so "
                           "inside the training steps); None when nothing was compiled at all")

@@ -4,8 +4,14 @@ Skipped work is the most common way automated optimizers fool themselves (smalle
 shorter sequence, fewer layers, fewer steps, an early return). Independent counts catch it:
 the number of steps the harness saw, the work items (tokens or samples) the root module saw
 on each of them, the backward calls of each (the loss recorded is the last one's tensor, so
-an added backward could forge it), and the FLOPs of one step (torch.utils.flop_counter). FLOPs may rise
-(recomputation is a legitimate trade); they may not fall beyond `flop_rtol`.
+an added backward could forge it), the FLOPs of one step (torch.utils.flop_counter), and the
+elementwise work of that step (harness.elementwise: the arithmetic FLOPs leave out, with
+fused ops counted as what they decompose into). Both may rise (recomputation is a legitimate
+trade); FLOPs may not fall beyond `flop_rtol`, elementwise work not beyond `elementwise_rtol`.
+The elementwise tolerance is wide because two correct spellings of one region differ (torch's
+LayerNorm decomposition counts a fifth less than a hand-written one): it catches deletions that
+are a real share of the step (a softcap on a large vocabulary), while small near-identity ops
+are the later-window loss check's to catch.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ class WorkVerdict(BaseModel):
     baseline_flops: int | None = Field(None, description="FLOPs per step")
     candidate_flops: int | None = None
     flops_ratio: float | None = Field(None, description="candidate / baseline FLOPs per step; > 1 is allowed")
+    baseline_elementwise: int | None = Field(None, description="elementwise work per step (elements)")
+    candidate_elementwise: int | None = None
+    elementwise_ratio: float | None = Field(None, description="candidate / baseline elementwise work per step")
     notes: list[str] = Field(default_factory=list, description="differences recorded but not failed on")
 
 
@@ -39,7 +48,16 @@ def _steps(r: RunResult, phase: str) -> list[StepRecord]:
     return sorted((s for s in r.steps if s.phase == phase), key=lambda s: s.index)
 
 
-def check_work(baseline: RunResult, candidate: RunResult, *, flop_rtol: float = 0.01) -> WorkVerdict:
+ELEMENTWISE_RTOL = 0.10
+
+
+def _largest_falls(baseline: dict[str, int], candidate: dict[str, int], n: int = 3) -> str:
+    falls = sorted(((b - candidate.get(op, 0), op, b) for op, b in baseline.items()), reverse=True)
+    return ", ".join(f"{op} {b:,} -> {candidate.get(op, 0):,}" for d, op, b in falls[:n] if d > 0)
+
+
+def check_work(baseline: RunResult, candidate: RunResult, *, flop_rtol: float = 0.01,
+               elementwise_rtol: float = ELEMENTWISE_RTOL) -> WorkVerdict:
     """Fail when the candidate ran fewer/more steps, saw other work items, or does fewer FLOPs."""
     bw, bm = _steps(baseline, "warmup"), _steps(baseline, "measured")
     cw, cm = _steps(candidate, "warmup"), _steps(candidate, "measured")
@@ -90,6 +108,25 @@ def check_work(baseline: RunResult, candidate: RunResult, *, flop_rtol: float = 
                     f"{100 * flop_rtol:g}%: work was skipped", flops_ratio=ratio)
     if ratio > 1.0:
         notes.append(f"FLOPs per step rose {100 * (ratio - 1):.1f}% (recomputation?)")
-    return WorkVerdict(passed=True, **counts, **items, **flops, flops_ratio=ratio, notes=notes,
+    be, ce = baseline.elementwise_per_step, candidate.elementwise_per_step
+    elem: dict = {}
+    elem_text = ""
+    if be is None or ce is None or be.total <= 0:
+        notes.append("elementwise work not compared: " + ("the baseline" if be is None or be.total <= 0
+                                                           else "the candidate") + " has no count")
+    else:
+        eratio = ce.total / be.total
+        elem = {"baseline_elementwise": be.total, "candidate_elementwise": ce.total, "elementwise_ratio": eratio}
+        elem_text = f", elementwise work {be.total:,} -> {ce.total:,}"
+        if eratio < 1.0 - elementwise_rtol:
+            what = (f"elementwise work per step fell {100 * (1 - eratio):.1f}% ({be.total:,} -> {ce.total:,}), "
+                    f"more than {100 * elementwise_rtol:g}%; largest falls: {_largest_falls(be.by_op, ce.by_op)}")
+            unseen = sorted(set(ce.opaque) - set(be.opaque))
+            if not unseen:
+                return fail(what + ": work was deleted", flops_ratio=ratio, **elem)
+            notes.append(f"{what}, but the candidate calls {', '.join(unseen)}, whose work the counter cannot "
+                         "see: not decisive")
+    return WorkVerdict(passed=True, **counts, **items, **flops, **elem, flops_ratio=ratio, notes=notes,
                        reason=(f"{len(bw)}+{len(bm)} steps, work items equal on every step "
-                               f"({items['work_items_baseline']:,} total), FLOPs per step {bf:,} -> {cf:,}"))
+                               f"({items['work_items_baseline']:,} total), FLOPs per step {bf:,} -> {cf:,}"
+                               + elem_text))

@@ -64,7 +64,8 @@ class _Apply(cst.CSTTransformer):
         return out
 
 
-def dead_statements(function: cst.FunctionDef, candidates: Iterable[tuple], edits: Edits) -> list:
+def dead_statements(function: cst.FunctionDef, candidates: Iterable[tuple], edits: Edits,
+                    effects_ok: set[int] = frozenset()) -> list:
     """Which candidate assignments (statement, scope, index) nothing reads any more.
 
     Def-aware within the candidate's block: an assignment of `n` at index i is read by the
@@ -72,12 +73,14 @@ def dead_statements(function: cst.FunctionDef, candidates: Iterable[tuple], edit
     old value, as in `att = att.softmax(-1)`), outside deleted statements and replaced nodes
     (a replacement's own names count). In a loop body every statement of the block counts
     (the back edge), and for a nested block every later statement of the enclosing blocks
-    counts. Iterates, since deleting one assignment can free the ones it read.
+    counts. Iterates, since deleting one assignment can free the ones it read. An assignment
+    whose value has effects (a call) stays, unless its id is in `effects_ok` (the replacement
+    took the effect over).
     """
     cands = []
     for c, scope, i in candidates:
         if isinstance(c, cst.SimpleStatementLine) and len(c.body) == 1 and isinstance(c.body[0], cst.Assign) \
-                and not _has_effects(c.body[0].value) and (c, scope, i) not in cands:
+                and (id(c) in effects_ok or not _has_effects(c.body[0].value)) and (c, scope, i) not in cands:
             cands.append((c, scope, i))
     dead: list = []
     while True:

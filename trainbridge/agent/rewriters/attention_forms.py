@@ -417,6 +417,57 @@ def _is_dropout(ref: Ref, used: set) -> bool:
     return isinstance(n, cst.Call) and ("dropout" in (call_name(n) or "").lower() or "drop" in code(n.func).lower())
 
 
+_FUNCTIONAL_DROPOUT = {"dropout"}  # F.dropout / nn.functional.dropout / torch.dropout (training is `train` there)
+
+
+def attention_dropout(ref: Ref, env: Env, used: set, here: Ref) -> tuple[Ref, str, set] | None:
+    """(the dropout's input, SDPA's `dropout_p` for it) when `ref` is dropout on the attention
+    weights; None when it is no dropout; Miss when it is one whose probability cannot be said.
+
+    `self.drop(P)` with `self.drop = nn.Dropout(...)` in __init__ becomes
+    `self.drop.p if self.drop.training else 0.0` (the module's own flag, as nn.Dropout reads
+    it); `F.dropout(P, p, training)` becomes `p if training else 0.0` (defaults 0.5, True).
+    """
+    before = set(used)
+    r = env.scope.follow(ref, used)
+    spent = used - before
+    n = strip_parens(r.node)
+    if not isinstance(n, cst.Call) or not _is_dropout(r, set()):
+        return None
+
+    def at_site(node) -> str:
+        e = env.scope.emit(r.with_node(node), here)
+        if e is None:
+            raise Miss(f"the dropout's {code(node)[:40]} cannot be repeated at the attention call")
+        return code(parens(e))
+
+    pos = positional(n)
+    name = call_name(n) or ""
+    if name in _FUNCTIONAL_DROPOUT and isinstance(strip_parens(n.func), cst.Attribute):
+        inp = pos[0] if pos else kwarg(n, "input")
+        prob = pos[1] if len(pos) > 1 else kwarg(n, "p")
+        train = pos[2] if len(pos) > 2 else (kwarg(n, "training") if kwarg(n, "training") is not None
+                                             else kwarg(n, "train"))
+        if inp is None or kwarg(n, "inplace") is not None or len(pos) > 3:
+            raise Miss(f"dropout call {code(n)[:60]}: its arguments are not the usual (input, p, training)")
+        if code(strip_parens(n.func)) == "torch.dropout" and train is None:
+            raise Miss("torch.dropout without its train flag")
+        p_text = at_site(prob) if prob is not None else "0.5"
+        p_expr = p_text if train is None else f"({p_text} if {at_site(train)} else 0.0)"
+        return r.with_node(inp), p_expr, spent
+    func = strip_parens(n.func)
+    if len(pos) != 1 or len(n.args) != 1:
+        raise Miss(f"dropout call {code(n)[:60]}: not a one-argument dropout module call")
+    if m.matches(func, m.Attribute(value=m.Name("self"))):
+        val = self_attribute_value(env.site.class_def, func.attr.value)
+        made = strip_parens(val.node) if val is not None else None
+        if not (isinstance(made, cst.Call) and call_name(made) == "Dropout"):
+            raise Miss(f"{code(func)} is not set to nn.Dropout(...) in __init__: its probability is not known here")
+        mod = code(func)
+        return r.with_node(pos[0]), f"({mod}.p if {mod}.training else 0.0)", spent
+    raise Miss(f"dropout call {code(n)[:60]}: a module not set on self")
+
+
 def _qk_product(ref: Ref, used: set) -> tuple[Ref, Ref] | None:
     """(q, k) for q @ k^T in any spelling (`_matmul` with a transposed K, or an einsum
     "...id,...jd->...ij" that needs no transpose)."""

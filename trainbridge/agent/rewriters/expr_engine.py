@@ -34,6 +34,9 @@ class Match:
     notes: list[str] = field(default_factory=list)
     detail: dict[str, str] = field(default_factory=dict)
     stmt_edits: list[tuple[cst.CSTNode, cst.CSTNode | None]] = field(default_factory=list)  # extra (node, new|None=drop)
+    # used assignments whose call's effect the replacement takes over (a dropout's random draw,
+    # now inside the fused call): deleted when dead although a call has effects
+    effects_spent: set = field(default_factory=set)
 
 
 @dataclass
@@ -123,6 +126,7 @@ class ExprRecipe(Recipe):
         edits = Edits()
         done, notes, imports, helpers = [], [], [], []
         per_function: dict[int, tuple[cst.FunctionDef, list]] = {}
+        spent: set[int] = set()
         for site, mt, ss in found:
             if (site.qualname, site.line) not in want:
                 continue
@@ -139,6 +143,7 @@ class ExprRecipe(Recipe):
                 edits.insert_before(ss.stmt, mt.pre)
             fn_stmts = _statements_by_key(ss)
             used_stmts = [fn_stmts[k] for k in mt.used if k in fn_stmts]
+            spent |= {id(fn_stmts[k][0]) for k in mt.effects_spent if k in fn_stmts}
             per_function.setdefault(id(ss.function), (ss.function, []))[1].extend(used_stmts)
             done.append(site)
             notes.extend(n for n in mt.notes if n not in notes)
@@ -147,7 +152,7 @@ class ExprRecipe(Recipe):
         if not done:
             return text, [], []
         for fn, used in per_function.values():
-            for dead in dead_statements(fn, used, edits):
+            for dead in dead_statements(fn, used, edits, effects_ok=spent):
                 edits.drop(dead)
         module = edits.apply(pos.module)
         module = ensure_imports(module, imports)

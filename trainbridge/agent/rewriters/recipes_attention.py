@@ -25,9 +25,13 @@ Recognised (after following local names, so chained or split statements both mat
     `@` may be torch.matmul, torch.bmm on 3-D (batch x heads, T, D) operands, or torch.einsum
     ("bhqk,bhkd->bhqd"; Q @ K^T as "bhqd,bhkd->bhqk", no transpose).
 
-Not applicable (with the reason) when dropout sits between softmax and `@ V`, or when the
-attention weights are used elsewhere (returned for visualisation, say): the fused operator
-never materialises them. Masks that are not provably causal keep their full form (no causal
+Dropout between softmax and `@ V` (an `nn.Dropout` set on self, or `F.dropout(P, p, training)`)
+moves inside the fused call as `dropout_p` (cpu / cuda; the npu form is not written). On the
+CPU a `dropout_p > 0` takes SDPA's math path, which draws the eager mask (the losses match);
+a GPU's fused kernel draws its own random numbers, which the loss check would see as a
+difference (not handled yet: validation with dropout off in both programs).
+Not applicable (with the reason) when the attention weights are used elsewhere (returned for
+visualisation, say): the fused operator never materialises them. Masks that are not provably causal keep their full form (no causal
 block skipping).
 
 cpu / cuda: `F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s)` (the program's
@@ -60,6 +64,7 @@ from .attention_forms import (
     _scores,
     _softmax_arg,
     _strip_casts,
+    attention_dropout,
     causal_additive_mask,
     causal_bool_mask,
     causal_keep_mask,
@@ -129,11 +134,18 @@ class AttentionRecipe(ExprRecipe):
         scope = env.scope
         used: set = set()
         p_ref, v_node = here.with_node(mm[0]), mm[1]
+        dropout_p, spent = None, set()
         if _is_dropout(p_ref, set()):
             inner = scope.follow(p_ref)
-            if any(_softmax_arg(inner.with_node(a.value), set()) for a in getattr(strip_parens(inner.node), "args", [])):
-                raise Miss("dropout between softmax and @ v: the fused call would change the random stream")
-            return None
+            if not any(_softmax_arg(inner.with_node(a.value), set())
+                       for a in getattr(strip_parens(inner.node), "args", [])):
+                return None
+            if env.target == "npu":
+                raise Miss("dropout between softmax and @ v: npu_fusion_attention's keep_prob is not written here")
+            found = attention_dropout(p_ref, env, used, here)
+            if found is None:
+                return None
+            p_ref, dropout_p, spent = found
         p_ref, cast_out = _strip_casts(p_ref, used)
         s_ref = _softmax_arg(p_ref, used)
         if s_ref is None:
@@ -234,8 +246,18 @@ class AttentionRecipe(ExprRecipe):
             squeeze = ".squeeze(0)"
             notes.append("3-D bmm operands (batch x heads folded) passed 4-D with a batch of 1, the result "
                          "squeezed back")
+        dp = ""
+        if dropout_p is not None:
+            dp = f", dropout_p={dropout_p}"
+            notes.append(f"the dropout on the attention weights moves inside the fused call (dropout_p={dropout_p}); "
+                         "with dropout on, SDPA takes its math path on the CPU (eager's mask, the same losses), "
+                         "while a GPU's fused kernel draws other random numbers than the eager mask")
         if explicit is not None:
-            return self._explicit(node, env, used, qs, ks, vs, scale, explicit, cast_in or cast_out, drop, squeeze)
+            done = self._explicit(node, env, used, qs, ks, vs, scale, explicit, cast_in or cast_out, drop, squeeze,
+                                  dp)
+            if done is not None:
+                done.effects_spent = spent
+            return done
         causal = mask_kind != "none (full attention)"
         if cast_in or cast_out:
             notes.append("the eager softmax ran in fp32 between casts; the fused kernel accumulates in fp32 itself")
@@ -252,18 +274,18 @@ class AttentionRecipe(ExprRecipe):
             imports, helpers = ["import torch_npu"], []
             notes.append("npu_fusion_attention without a mask (full attention): q/k/v 4-D (B, N, S, D), D <= 768")
         elif causal:
-            new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, is_causal=True, scale={scale})"
+            new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, is_causal=True, scale={scale}{dp})"
                        f"{squeeze}")
             imports, helpers = [], []
         else:
-            new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, scale={scale}){squeeze}")
+            new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, scale={scale}{dp}){squeeze}")
             imports, helpers = [], []
             notes.append("no mask: full (non-causal) attention, as the eager softmax computed it")
         return Match(node=node, new=parens(new) if getattr(node, "lpar", None) else new, used=used, imports=imports,
-                     helpers=helpers, notes=notes,
+                     helpers=helpers, notes=notes, effects_spent=spent,
                      detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": mask_kind or ""})
 
-    def _explicit(self, node, env, used, qs, ks, vs, scale, explicit, casts, drop=(), squeeze=""):
+    def _explicit(self, node, env, used, qs, ks, vs, scale, explicit, casts, drop=(), squeeze="", dp=""):
         """A mask that is not provably causal, passed explicitly (same math, less work skipped).
 
         masked_fill(M, -inf) with a bool M (True = masked): SDPA's bool attn_mask means True =
@@ -282,6 +304,8 @@ class AttentionRecipe(ExprRecipe):
             notes.append(f"the mask is optional: attn_mask={ms} is None exactly when the eager `if` added nothing")
         if casts:
             notes.append("the eager softmax ran in fp32 between casts; the fused kernel accumulates in fp32 itself")
+        if dp:
+            notes.append(f"the dropout on the attention weights moves inside the fused call ({dp[2:]})")
         if env.target == "npu":
             if kind not in ("bool", "keep"):
                 return None  # npu_fusion_attention takes bool masks only (True = masked)
@@ -297,7 +321,7 @@ class AttentionRecipe(ExprRecipe):
         if kind == "bool" and isinstance(strip_parens(mask), cst.UnaryOperation) and \
                 isinstance(strip_parens(mask).operator, cst.BitInvert):
             attn = code(parens(strip_parens(mask).expression))
-        new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, attn_mask={attn}, scale={scale})"
+        new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, attn_mask={attn}, scale={scale}{dp})"
                    f"{squeeze}")
         return Match(node=node, new=new, used=used, notes=notes, stmt_edits=[(s, None) for s in drop],
                      detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": f"explicit {kind}: {ms}"})
