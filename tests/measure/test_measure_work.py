@@ -108,7 +108,8 @@ def test_a_fall_beside_an_op_the_counter_cannot_see_is_a_note_not_a_verdict():
     assert any("npu.npu_fusion_attention" in n and "not decisive" in n for n in v.notes), v.notes
     # an opaque op the baseline already called explains nothing
     both = check_work(run(opaque={"npu.npu_fusion_attention": 2}),
-                      run(elementwise={**ELEMENTWISE, "exp": 0, "mul": 300_000}, opaque={"npu.npu_fusion_attention": 2}))
+                      run(elementwise={**ELEMENTWISE, "exp": 0, "mul": 300_000},
+                          opaque={"npu.npu_fusion_attention": 2}))
     assert not both.passed and "work was deleted" in both.reason
 
 

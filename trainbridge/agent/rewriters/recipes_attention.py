@@ -31,8 +31,8 @@ CPU a `dropout_p > 0` takes SDPA's math path, which draws the eager mask (the lo
 a GPU's fused kernel draws its own random numbers, which the loss check would see as a
 difference (not handled yet: validation with dropout off in both programs).
 Not applicable (with the reason) when the attention weights are used elsewhere (returned for
-visualisation, say): the fused operator never materialises them. Masks that are not provably causal keep their full form (no causal
-block skipping).
+visualisation, say): the fused operator never materialises them. Masks that are not provably
+causal keep their full form (no causal block skipping).
 
 cpu / cuda: `F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s)` (the program's
 scale is passed: SDPA's default is 1/sqrt(head_dim), which may differ).
