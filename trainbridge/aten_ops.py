@@ -49,6 +49,11 @@ MATRIX_ENGINE = MATMUL | MATMUL_EXTRA | CONVOLUTION | CONVOLUTION_BACKWARD | FUS
 """Operators whose time is matrix-engine work (cube units on Ascend, tensor cores on a GPU)."""
 
 
+FLOOR_KERNELS = MATMUL | MATMUL_EXTRA | CONVOLUTION | CONVOLUTION_BACKWARD | FUSED_ATTENTION
+"""Kernels whose calls (op, argument shapes and dtypes) the op-count step records, so the step's
+floor can replay each at its own shapes (profile/floor.py)."""
+
+
 def dispatcher_names(ops: Iterable[str]) -> frozenset[str]:
     """`mm` -> `aten.mm` (torch_dispatch's overload packet names)."""
     return frozenset(f"aten.{o}" for o in ops)

@@ -89,7 +89,11 @@ def test_a_run_killed_after_every_kind_of_event_resumes_to_one_finish(tmp_path):
     assert fin.final_speedup is not None and (run_dir / "final" / "vs_port.diff").exists()
     base = next(e for e in events if isinstance(e, ev.BaselineMeasured))
     assert len(base.runs_ms) == 4 and 0.0 <= base.aa.false_accept_rate <= 1.0
+    # the port's floor: its own matrix calls timed alone, under the step that contains them
+    assert base.floor is not None and 0 < base.floor.matrix_ms < base.floor.step_ms, base.floor
+    assert base.floor.step_over_floor > 1.0 and (run_dir / "floor" / "floor.json").exists()
     report = (run_dir / "report.md").read_text()
+    assert "- floor: step " in report and "final step against the port's floor" in report
     page = (run_dir / "report.html").read_text()  # the page a reviewer opens, written by the same node
     for cid in decided:
         assert cid in report and f"id='{cid}'" in page

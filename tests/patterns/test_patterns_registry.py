@@ -88,6 +88,24 @@ def test_the_planner_predicts_from_the_registrys_ops_and_share():
     assert pattern_spec("no_such_pattern").eager_ops == ()
 
 
+def test_a_rewrite_is_predicted_to_save_no_more_than_the_step_spends_above_its_floor():
+    from trainbridge.profile.floor import FloorSummary
+
+    spec = PATTERNS["rms_norm"]
+    ops = [OpRow(name=n, calls_per_step=1, self_ms_per_step=2.0, share=0.03, kind="elementwise/reduction")
+           for n in spec.eager_ops]
+    floor = FloorSummary(step_ms=70.0, floor_ms=66.0, matrix_ms=50.0, elementwise_ms=15.0, step_over_floor=70 / 66,
+                         above_floor_ms={"matrix": 3.0, "elementwise": 0.5, "other operators": 0.25,
+                                         "outside operators": 0.25})
+    profile = ProfileReport.model_construct(all_ops=ops, top_ops=ops, outside_ops_ms_per_step=0.25,
+                                            op_self_ms_per_step=60.0, gemm_share=0.8, floor=floor)
+    # without the floor it would be 2 ms a norm op; above the floor, outside matrix kernels, there is 1 ms
+    assert predicted_saving_ms("rms_norm", profile) == pytest.approx(1.0)
+    # a precision change moves the floor itself: not capped by it
+    assert predicted_saving_ms("precision", profile) == pytest.approx(
+        predicted_saving_ms("precision", profile.model_copy(update={"floor": None})))
+
+
 def test_every_target_row_builds_its_target_and_names_its_own_device():
     for name in TARGET_NAMES:
         spec = target_spec(name)

@@ -8,6 +8,8 @@ first unfinished node. Nodes orchestrate; what counts as better lives in
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 from langgraph.runtime import Runtime
@@ -21,6 +23,7 @@ from ..measure.acceptance import Rule
 from ..measure.timed_runs import timed_run_problem
 from ..measure.timing import candidate_session, lockstep_session, timing_kwargs
 from ..profile.analysis import ProfileReport, analyse
+from ..profile.floor import floor_request, measure_floor, summarise
 from ..workload import work_note
 from .candidate import Candidate, Stage
 from .context import PortBlocked, RunContext
@@ -35,6 +38,7 @@ from .rewriters.recipe_rewriter import RecipeRewriter
 from .state import RunState
 
 Rt = Runtime[RunContext]
+log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------- port ----
@@ -103,17 +107,37 @@ def baseline(state: RunState, runtime: Rt) -> dict:
     if prof_run.status != "ok":
         raise RuntimeError(f"profile run {prof_run.status}: {prof_run.error}")
     prof = analyse(prof_run, ctx.workload.manifest.name)
-    ctx.paths.profile.write_text(prof.model_dump_json(indent=1))
     pooled = sorted(x for r in (runs or [prof.step.raw_ms]) for x in r)
     median = pooled[len(pooled) // 2]
+    notes = [n for n in [work_note(ctx.workload.manifest.work, [s.work_items for s in ref.steps])] if n]
+    if not dry:
+        floor, why = _floor(ctx, prof_run, prof, median)
+        prof = prof.model_copy(update={"floor": floor})
+        notes += [why] if why else []
+    ctx.paths.profile.write_text(prof.model_dump_json(indent=1))
     ctx.log(ev.BaselineMeasured(
         **ctx.base(), runs_ms=runs, losses=ref.losses, flops_per_step=ref.flops_per_step,
         work_items_per_step=[s.work_items for s in ref.steps], ops_per_step=prof.ops_per_step,
         median_ms=median, verdict=prof.verdict, profile_path=str(ctx.paths.profile),
         aa=aa, min_effect=bar, environment=(ref.environment.model_dump() if ref.environment else {}),
-        notes=[n for n in [work_note(ctx.workload.manifest.work, [s.work_items for s in ref.steps])] if n],
+        floor=prof.floor, notes=notes,
     ))
     return {"phase": "collect", "baseline_median_ms": median, "min_effect": bar}
+
+
+def _floor(ctx: RunContext, prof_run: RunResult, prof: ProfileReport, median_ms: float):
+    """(FloorSummary or None, a note when there is none): the port's step against its floor."""
+    req = floor_request(prof_run, ctx.cfg.target)
+    if req is None:
+        return None, "no floor: the profile run recorded no op-count or elementwise step"
+    ctx.report("baseline", detail=f"the step's floor: {len(req.kernel_calls)} matrix call shapes timed alone")
+    try:
+        floor = measure_floor(req, ctx.paths.root / "floor", env={**os.environ, **ctx.workload.manifest.env})
+    except Exception as e:  # noqa: BLE001 - the floor explains the step; without it the run goes on
+        log.warning("no floor: %s", e)
+        return None, f"no floor: {e}"
+    return summarise(floor, step_ms=median_ms, op_ms_by_kind=prof.op_ms_by_kind(),
+                     outside_ms=prof.outside_ops_ms_per_step, path=str(ctx.paths.root / "floor" / "floor.json")), ""
 
 
 # ---------------------------------------------------------------- collect ----

@@ -91,7 +91,14 @@ def predicted_saving_ms(pattern: str, profile: ProfileReport, op_estimate: list[
         # No operator to point at: the L0/L4 mechanisms act on dispatch/outside-operator time.
         spent = profile.outside_ops_ms_per_step + 0.1 * profile.op_self_ms_per_step
         fraction = 0.2
-    return spent * fraction
+    saving = spent * fraction
+    if profile.floor is not None and pattern != "precision":
+        # A rewrite at the port's precision cannot take the step below its floor: it removes
+        # time above it (elementwise passes, other operators, dispatch), so it saves at most that.
+        # (A precision change moves the floor itself.)
+        exposed = sum(max(v, 0.0) for k, v in profile.floor.above_floor_ms.items() if k != "matrix")
+        saving = min(saving, exposed)
+    return saving
 
 
 def site_pattern(pattern: str, site: str | None) -> str:

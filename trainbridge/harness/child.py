@@ -152,6 +152,7 @@ def run(req: RunRequest) -> RunResult:
     result.optimizers_per_step = len(clock.known or clock.stepped)
     result.peak_memory_mb = target.peak_memory_mb()
     result.ops_per_step = clock.ops_per_step
+    result.kernel_calls = clock.kernel_calls
     result.flops_per_step = clock.flops_per_step
     result.elementwise_per_step = clock.elementwise_per_step
     result.step_functions = clock.step_functions

@@ -18,6 +18,7 @@ steps after the measured ones.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import sys
@@ -28,10 +29,10 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..aten_ops import PRECISION_GEMMS, dispatcher_names
+from ..aten_ops import FLOOR_KERNELS, PRECISION_GEMMS, dispatcher_names
 from .boundaries import FORMAT as BOUNDARY_FORMAT
 from .handwritten_optimizers import HandwrittenOptimizerHooks
-from .models import ElementwiseCount, OpCount, RunRequest, StepRecord
+from .models import ElementwiseCount, KernelCall, OpCount, RunRequest, StepRecord
 from .plugins import HarnessPlugin
 
 
@@ -45,6 +46,21 @@ class HarnessStop(BaseException):
 
 # The matrix-unit ops: a precision change (autocast, a cast to fp32) shows in their dtypes.
 GEMM_OPS = dispatcher_names(PRECISION_GEMMS)
+_FLOOR_OPS = dispatcher_names(FLOOR_KERNELS)
+
+
+def _spec(value):
+    """An argument as JSON: a tensor by shape and dtype (the floor makes its own), else the value."""
+    if isinstance(value, torch.Tensor):
+        return {"shape": list(value.shape), "stride": list(value.stride()),
+                "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, (list, tuple)):
+        return [_spec(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _spec(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
 
 
 class _OpCounter(TorchDispatchMode):
@@ -55,6 +71,7 @@ class _OpCounter(TorchDispatchMode):
         super().__init__()
         self.counts: Counter[str] = Counter()
         self.gemm_dtypes: Counter[str] = Counter()
+        self.kernel_calls: Counter[str] = Counter()  # JSON of (op, args, kwargs) -> calls
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket)
@@ -64,7 +81,17 @@ class _OpCounter(TorchDispatchMode):
                 first = next((a for a in args if isinstance(a, torch.Tensor)), None)
                 if first is not None:
                     self.gemm_dtypes[str(first.dtype).removeprefix("torch.")] += 1
+            if name in _FLOOR_OPS:
+                key = json.dumps([str(func), _spec(list(args)), _spec(kwargs or {})])
+                self.kernel_calls[key] += 1
         return func(*args, **(kwargs or {}))
+
+    def kernel_call_list(self) -> list[KernelCall]:
+        out = []
+        for key, n in self.kernel_calls.most_common():
+            op, args, kwargs = json.loads(key)
+            out.append(KernelCall(op=op, args=args, kwargs=kwargs, calls=n))
+        return out
 
 
 class _FunctionTracer:
@@ -134,6 +161,7 @@ class StepClock:
         self.op_counter: _OpCounter | None = None
         self.flop_counter = None
         self.ops_per_step: OpCount | None = None
+        self.kernel_calls: list[KernelCall] | None = None
         self.function_tracer: _FunctionTracer | None = None
         self.step_functions: dict[str, int] | None = None
         self.flops_per_step: int | None = None
@@ -326,21 +354,21 @@ class StepClock:
             self._save_profile()
             self.profiler = None
         if phase == "count_ops" and self.op_counter is not None:
-            self.op_counter.__exit__(None, None, None)
-            c = self.op_counter.counts
+            counter, self.op_counter = self.op_counter, None  # exited once, whatever follows
+            counter.__exit__(None, None, None)
+            c = counter.counts
             self.ops_per_step = OpCount(total=sum(c.values()), by_op=dict(c.most_common()),
-                                        gemm_by_dtype=dict(self.op_counter.gemm_dtypes.most_common()))
-            self.op_counter = None
+                                        gemm_by_dtype=dict(counter.gemm_dtypes.most_common()))
+            self.kernel_calls = counter.kernel_call_list()
             if self.function_tracer is not None:
                 self.function_tracer.__exit__(None, None, None)
                 self.step_functions = dict(self.function_tracer.calls.most_common())
                 self.function_tracer = None
         if phase == "count_flops" and self.elementwise_counter is not None:
-            self.elementwise_counter.__exit__(None, None, None)
-            c = self.elementwise_counter
+            c, self.elementwise_counter = self.elementwise_counter, None
+            c.__exit__(None, None, None)
             self.elementwise_per_step = ElementwiseCount(total=c.total, by_op=dict(c.by_op.most_common()),
-                                                         opaque=dict(c.opaque.most_common()))
-            self.elementwise_counter = None
+                                                         calls=c.calls, opaque=dict(c.opaque.most_common()))
         if phase == "count_flops" and self.flop_counter is not None:
             self.flop_counter.__exit__(None, None, None)
             self.flops_per_step = int(self.flop_counter.get_total_flops())

@@ -102,6 +102,7 @@ class ElementwiseCounter(TorchDispatchMode):
         super().__init__()
         self.by_op: Counter[str] = Counter()
         self.opaque: Counter[str] = Counter()
+        self.calls = 0
         self.paused = 0  # > 0 inside an optimizer's step
 
     @property
@@ -119,16 +120,21 @@ class ElementwiseCounter(TorchDispatchMode):
         name = _bare(func)
         if name in ELEMENTWISE_ARITHMETIC:
             self.by_op[name] += _elements_out(out)
+            self.calls += 1
         elif name in REDUCTIONS:
             self.by_op[name] += _elements_in(args)
+            self.calls += 1
         elif name in FORMULAS:
-            self.by_op.update({k: v for k, v in FORMULAS[name](func, args, kwargs).items() if v})
+            passes = {k: v for k, v in FORMULAS[name](func, args, kwargs).items() if v}
+            self.by_op.update(passes)
+            self.calls += len(passes)
         elif name in _NOT_COUNTED or func.namespace in ("prims", "profiler"):
             return
         elif depth < _MAX_DEPTH and self._decompose(func, args, kwargs, depth):
             return
         elif torch.Tag.pointwise in func.tags:
             self.by_op[name] += _elements_out(out)
+            self.calls += 1
         else:
             self.opaque[str(func.overloadpacket)] += 1
 
@@ -141,14 +147,14 @@ class ElementwiseCounter(TorchDispatchMode):
         else:
             return False
         margs, mkwargs = tree_map(_as_meta, args), tree_map(_as_meta, kwargs)
-        before = self.by_op.copy(), self.opaque.copy()
+        before = self.by_op.copy(), self.opaque.copy(), self.calls
         try:
             with _Decomposing(self, depth + 1):
                 result = run(*margs, **mkwargs)
         except Exception:  # noqa: BLE001 - a decomposition that does not apply to these inputs
             result = NotImplemented
         if result is NotImplemented:  # undo what a partial decomposition counted
-            self.by_op, self.opaque = before
+            self.by_op, self.opaque, self.calls = before
             return False
         return True
 

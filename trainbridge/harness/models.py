@@ -122,11 +122,23 @@ class OpCount(BaseModel):
                                           "of their first tensor input: where a precision change shows")
 
 
+class KernelCall(BaseModel):
+    """One matrix-engine call signature of a training step (`aten_ops.FLOOR_KERNELS`), replayable."""
+
+    op: str = Field(description="dispatcher overload, e.g. 'aten.mm.default'")
+    args: list = Field(description="positional arguments: a tensor as {'shape': [...], 'dtype': 'float32'}, "
+                                   "anything else as its value")
+    kwargs: dict = Field(default_factory=dict)
+    calls: int = Field(description="calls with this signature in the op-count step")
+
+
 class ElementwiseCount(BaseModel):
     """Elementwise work of one training step (harness.elementwise), optimizer update excluded."""
 
     total: int = Field(description="elements written by arithmetic ops plus elements read by reductions")
     by_op: dict[str, int] = Field(description="the same, by arithmetic op or reduction (after decomposition)")
+    calls: int = Field(0, description="arithmetic ops and reductions counted (after decomposition; a formula "
+                                      "counts one per pass)")
     opaque: dict[str, int] = Field(
         default_factory=dict,
         description="calls of ops the counter could neither decompose nor give a formula (their work is not in total)")
@@ -152,6 +164,8 @@ class RunResult(BaseModel):
     optimizers_per_step: int = 0
     peak_memory_mb: float | None = None
     ops_per_step: OpCount | None = None
+    kernel_calls: list[KernelCall] | None = Field(
+        None, description="the op-count step's matrix-engine calls by signature (the floor replays them)")
     flops_per_step: int | None = None
     elementwise_per_step: ElementwiseCount | None = Field(
         None, description="counted on the FLOP-count step: the arithmetic a FLOP count leaves out")

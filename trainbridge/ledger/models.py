@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator,
 
 from ..harness.models import Environment, TargetName
 from ..measure.statistics import AACalibration, Comparison, Summary, summarize
+from ..profile.floor import FloorSummary
 
 LEDGER_SCHEMA_VERSION = 1
 Scalar = Union[str, float, int, bool, None]
@@ -119,6 +120,7 @@ class BaselineMeasured(_Event):
     median_ms: float | None = None
     verdict: str | None = Field(None, description="profile bottleneck verdict")
     profile_path: str | None = None
+    floor: FloorSummary | None = Field(None, description="the port's step against its floor on this machine")
     aa: AACalibration | None = Field(None, description="A/A calibration of the acceptance rule on these runs")
     min_effect: float | None = Field(None, description="the minimum effect the run's decisions use: the configured "
                                                        "one, or more when the A/A check found the runs noisier")

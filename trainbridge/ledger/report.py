@@ -47,6 +47,7 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
                   f"- median step {median:.1f} ms over {sum(len(r) for r in base.runs_ms)} steps in "
                   f"{len(base.runs_ms)} runs; verdict **{base.verdict}**",
                   f"- ATen ops per step: {base.ops_per_step}; FLOPs per step: {base.flops_per_step}",
+                  (f"- floor: {base.floor.line()}" if base.floor else "- floor: not measured"),
                   (f"- A/A calibration: false-accept rate {aa.false_accept_rate:.3f} over {aa.n_splits} splits "
                    f"of the baseline runs; {aa.note}" if aa else "- A/A calibration: not run"),
                   *[f"- **note:** {n}" for n in base.notes], ""]
@@ -77,6 +78,8 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
                   + (f", judged at the run's bar of {e2e.min_effect:.1%}" if e2e.min_effect is not None else ""),
                   f"- torch.compile of the port vs port: {_ci(e2e.compiled_port_vs_port)}",
                   f"- final vs torch.compile of the port: {_ci(e2e.final_vs_compiled_port)}",
+                  *([f"- final step against the port's floor: {_final_over_floor(e2e.final_vs_port, base.floor)}"]
+                    if base and base.floor and e2e.final_vs_port else []),
                   f"- accepted: {', '.join(fin.accepted) or 'none'}; rejected: {len(fin.rejected)}",
                   f"- loop ended: {fin.done_reason}",
                   *[f"- dropped round: {p}" for p in e2e.problems], "",
@@ -84,3 +87,12 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _final_over_floor(final_vs_port, floor) -> str:
+    """The final program's step over the port's floor: the same work (work conservation), so the
+    same floor at the port's precision; the port's step is scaled by the end-to-end speedup, both
+    measured on this machine."""
+    step = floor.step_ms / final_vs_port.speedup
+    return (f"{step / floor.floor_ms:.2f}x (port {floor.step_over_floor:.2f}x; the port's {floor.step_ms:.1f} ms "
+            f"over {final_vs_port.speedup:.3f}, against {floor.floor_ms:.1f} ms)")

@@ -317,6 +317,8 @@ def write_report_html(run_dir: Path, ledger: Ledger) -> Path:
     if started is not None:
         out.append(f"<p class='muted'>workload {_e(started.workload)}, target {_e(started.target)}, budget "
                    f"{started.budget_candidates} candidates / {started.budget_minutes:.0f} min</p>")
+    if base is not None and base.floor is not None:
+        out.append(f"<p id='floor'>Port: {_e(base.floor.line())}</p>")
 
     accepted = [(cid, d.incumbent_speedup_vs_baseline) for cid, d in decided.items()
                 if d.decision == "accepted" and d.incumbent_speedup_vs_baseline is not None]

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from ..aten_ops import MATRIX_ENGINE, profiler_names
 from ..harness.models import RunResult
+from .floor import FloorSummary
 
 Verdict = Literal["host-bound", "compute-bound", "memory-bound", "communication-bound", "unknown"]
 
@@ -78,6 +79,14 @@ class ProfileReport(BaseModel):
     profile_dir: str | None = Field(None, description="the profiler's own output folder, kept with the run")
     ascend: dict | None = Field(None, description="on npu: the AscendProfileReport of the torch_npu profiler's "
                                 "folder (verdict, breakdown, findings), as `trainbridge profile DIR` prints it")
+    floor: FloorSummary | None = Field(None, description="the step's floor on this machine (profile/floor.py)")
+
+    def op_ms_by_kind(self) -> dict[str, float]:
+        """Operator self time per step by kind, over every operator of the window."""
+        out: dict[str, float] = {}
+        for row in self.all_ops or self.top_ops:
+            out[row.kind] = out.get(row.kind, 0.0) + row.self_ms_per_step
+        return out
 
 
 def summarize_steps(raw: list[float], warmup: list[float]) -> StepTimes:
