@@ -78,7 +78,9 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
                   + (f", judged at the run's bar of {e2e.min_effect:.1%}" if e2e.min_effect is not None else ""),
                   f"- torch.compile of the port vs port: {_ci(e2e.compiled_port_vs_port)}",
                   f"- final vs torch.compile of the port: {_ci(e2e.final_vs_compiled_port)}",
-                  *([f"- final step against the port's floor: {_final_over_floor(e2e.final_vs_port, base.floor)}"]
+                  *([f"- final step against the port's floor: {_final_over_floor(e2e.final_vs_port, base.floor)}"
+                     + ("; an accepted precision change moved the floor itself, so this is no bound"
+                        if any(proposed[c].pattern == "precision" for c in fin.accepted if c in proposed) else "")]
                     if base and base.floor and e2e.final_vs_port else []),
                   f"- accepted: {', '.join(fin.accepted) or 'none'}; rejected: {len(fin.rejected)}",
                   f"- loop ended: {fin.done_reason}",
