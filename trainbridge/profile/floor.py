@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -202,6 +203,10 @@ def measure_floor(req: FloorRequest, out_dir: Path, *, env: dict | None = None, 
     out_dir.mkdir(parents=True, exist_ok=True)
     request, result = out_dir / "floor_request.json", out_dir / "floor.json"
     request.write_text(req.model_dump_json())
+    env = dict(os.environ if env is None else env)
+    # the child must import this very trainbridge, whatever the working folder (as harness children do)
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-m", "trainbridge.profile.floor", str(request), str(result)],
                           capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0 or not result.exists():
