@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+PREDICTION_LEDGERS = sorted((ROOT / "benchmarks" / "results").glob("others_programs_ledgers*/*.ledger.jsonl"))
 
 from trainbridge.agent.programs import read_program  # noqa: E402
 from trainbridge.ledger import models as ev  # noqa: E402
@@ -201,8 +203,18 @@ def run_one(name: str, a) -> Path | None:
     before = set((a.runs_root / "runs").glob("*")) if (a.runs_root / "runs").exists() else set()
     cmd = [*cli, "run", str(copy), "--target", "cpu", "--minutes", str(a.minutes), "--budget", str(a.budget),
            "--runs-root", str(a.runs_root / "runs"), *a.extra]
+    env = None
+    if a.calibrate_without_self:
+        # the planner's predictions calibrated only by the *other* programs' measured candidates
+        others = [str(p) for p in PREDICTION_LEDGERS if not p.name.startswith(name + ".")]
+        table = a.runs_root / f"realised-without-{name}.json"
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "predictions.py"), *others, "--write-table",
+                        str(table), "--out", str(a.runs_root / f"predictions-without-{name}")], check=True,
+                       stdout=subprocess.DEVNULL)
+        env = {**os.environ, "TRAINBRIDGE_REALISED_SHARES": str(table)}
+        print(f"  {name}: predictions calibrated by {len(others)} other ledgers ({table})", flush=True)
     print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd)
+    subprocess.run(cmd, env=env)
     new = sorted(set((a.runs_root / "runs").glob("*")) - before, key=lambda p: p.stat().st_mtime)
     return new[-1] if new and (new[-1] / "final" / "files.json").exists() else None
 
@@ -218,6 +230,9 @@ def main() -> None:
     ap.add_argument("--reuse", action="append", default=[], metavar="NAME=RUN_DIR",
                     help="measure a finished run of this program instead of running the loop again")
     ap.add_argument("--table-only", action="store_true", help="rewrite the table from the json results only")
+    ap.add_argument("--calibrate-without-self", action="store_true",
+                    help="each program's run calibrates its predictions with a table fitted on the other programs' "
+                         "ledgers only (benchmarks/results/others_programs_ledgers*), never its own")
     ap.add_argument("extra", nargs="*", help="more `trainbridge run` options, after --")
     a = ap.parse_args()
     if a.table_only:

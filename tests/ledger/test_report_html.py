@@ -19,7 +19,8 @@ import subprocess
 import pytest
 
 from trainbridge.ledger import models as ev
-from trainbridge.ledger.report_html import PredictionCheck, waterfall_svg, write_report_html
+from trainbridge.ledger.report_html import waterfall_svg, write_report_html
+from trainbridge.measure.prediction import PredictionCheck
 from trainbridge.ledger.store import Ledger
 from trainbridge.ledger.summary import verdict_line
 from trainbridge.measure.statistics import compare
@@ -113,13 +114,13 @@ def test_nothing_is_loaded_from_elsewhere(tmp_path):
 
 def test_the_prediction_miss_is_said_with_its_size():
     comp = compare(INC, CAND, n_boot=200)  # about 9-10% of the step saved
-    hyp = ev.HypothesisRecord(**{**HYP, "predicted_saving_pct": 28.4, "predicted_saving_ms": 2.9})
-    check = PredictionCheck.of(hyp, comp)
+    check = PredictionCheck.of(2.9, comp)  # 2.9 ms of a 10 ms step
     assert check.missed_by_pct > 15 and "overstated by" in check.sentence()
-    near = ev.HypothesisRecord(**{**HYP, "predicted_saving_pct": check.measured_pct})
-    assert PredictionCheck.of(near, comp).missed_by_pct == 0.0
-    low = ev.HypothesisRecord(**{**HYP, "predicted_saving_pct": 1.0})
-    assert "understated by" in PredictionCheck.of(low, comp).sentence()
+    assert check.far and "far from its prediction" in check.sentence()
+    near = PredictionCheck.of(check.measured_ms, comp)
+    assert near.missed_by_pct == 0.0 and not near.far
+    low = PredictionCheck.of(0.1, comp)
+    assert "understated by" in low.sentence() and low.far  # faster than predicted is flagged too
 
 
 @pytest.mark.parametrize("where", ["one_ulp_above", "below_the_interval"])

@@ -15,24 +15,20 @@ and that its findings agree with ours wherever it has a matching check:
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from tests.kits.paths import FIXTURES
 from trainbridge.profile import ascend as A
+from trainbridge.profile.ascend.advisor import ENV, advisor_command, read_xlsx, run_advisor
 
 FIX = FIXTURES / "ascend"
-ENV = "TRAINBRIDGE_MSPROF_ANALYZE"
 
 # folder -> the verdict it was built to show (multi_rank: one per rank, in folder-name order)
 BUILT_FOR = {
@@ -116,60 +112,22 @@ def test_multi_rank_each_rank_and_the_slow_one():
 
 # --- (b) the real advisor, when it can be found ----------------------------------------------------
 
-def advisor_command() -> list[str] | None:
-    exe = os.environ.get(ENV)
-    if exe:
-        return [exe]
-    if importlib.util.find_spec("msprof_analyze") is not None:
-        main = ("import sys; from msprof_analyze.cli.entrance import msprof_analyze_cli; "
-                "sys.argv[0] = 'msprof-analyze'; sys.exit(msprof_analyze_cli())")
-        return [sys.executable, "-c", main]
-    return None
-
-
 CMD = advisor_command()
 needs_advisor = pytest.mark.skipif(
     CMD is None, reason=f"msprof-analyze not found: set {ENV} to the msprof-analyze executable (e.g. installed in a "
                         "separate virtualenv: pip install msprof-analyze) or install the msprof_analyze package")
 
-_NS = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
-_REL = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}id"
-
-
-def read_xlsx(path: Path) -> dict[str, list[list[str]]]:
-    """Sheets of the advisor's .xlsx as rows of strings (stdlib only: the file is a zip of XML)."""
-    with zipfile.ZipFile(path) as z:
-        shared = []
-        if "xl/sharedStrings.xml" in z.namelist():
-            shared = ["".join(t.text or "" for t in si.iter(_NS + "t"))
-                      for si in ET.fromstring(z.read("xl/sharedStrings.xml")).findall(_NS + "si")]
-        rels = {r.get("Id"): r.get("Target") for r in ET.fromstring(z.read("xl/_rels/workbook.xml.rels"))}
-        sheets = {}
-        for s in ET.fromstring(z.read("xl/workbook.xml")).find(_NS + "sheets"):
-            target = rels[s.get(_REL)].lstrip("/")
-            target = target if target.startswith("xl/") else "xl/" + target
-            rows = []
-            for row in ET.fromstring(z.read(target)).iter(_NS + "row"):
-                cells = []
-                for c in row.findall(_NS + "c"):
-                    v, inline = c.find(_NS + "v"), c.find(_NS + "is")
-                    if c.get("t") == "s" and v is not None:
-                        cells.append(shared[int(v.text)])
-                    elif inline is not None:
-                        cells.append("".join(t.text or "" for t in inline.iter(_NS + "t")))
-                    else:
-                        cells.append(v.text if v is not None and v.text is not None else "")
-                rows.append(cells)
-            sheets[s.get("name")] = rows
-        return sheets
-
 
 class AdvisorRun:
-    def __init__(self, proc: subprocess.CompletedProcess, out: Path):
-        self.rc, self.log, self.out = proc.returncode, proc.stdout + proc.stderr, out
-        self.html = sorted(out.glob("mstt_advisor_*.html"))
-        self.xlsx = sorted((out / "log").glob("mstt_advisor_*.xlsx"))
-        self.sheets = read_xlsx(self.xlsx[-1]) if self.xlsx else {}
+    """The product's run of the advisor (profile/ascend/advisor.py), with its workbook's sheets."""
+
+    def __init__(self, rep):
+        self.report = rep
+        self.rc, self.out = rep.returncode, Path(rep.out_dir)
+        self.log = (self.out / "advisor.log").read_text() if (self.out / "advisor.log").exists() else rep.note
+        self.html = rep.html
+        self.xlsx = [rep.xlsx] if rep.xlsx else []
+        self.sheets = read_xlsx(Path(rep.xlsx)) if rep.xlsx else {}
 
     def problems(self) -> dict[str, str]:
         """category -> description, from the 'problems' sheet."""
@@ -197,11 +155,7 @@ def advisor(tmp_path_factory):
             base = tmp_path_factory.mktemp(f"advisor_{name}")
             shutil.copytree(FIX / name, base / name)  # the tool may write next to its input
             target = base / name if name == "multi_rank" else next((base / name).glob("*_ascend_pt"))
-            env = {k: v for k, v in os.environ.items() if k != "AGENT_MODE"}  # agent mode writes no files
-            proc = subprocess.run([*CMD, "advisor", "all", "-d", str(target), "-o", str(base / "out"), "-l", "en",
-                                   "--force"], cwd=base, env=env, capture_output=True, text=True, timeout=600,
-                                  check=False)
-            runs[name] = AdvisorRun(proc, base / "out")
+            runs[name] = AdvisorRun(run_advisor(target, base / "out", command=CMD))
         return runs[name]
 
     return run
@@ -297,3 +251,41 @@ def test_advisor_multi_rank_slow_rank(advisor):
 def one_rule(r, rule):
     (f,) = [f for f in r.findings if f.rule == rule]
     return f
+
+
+@needs_advisor
+def test_the_advisors_findings_are_read_back_and_join_ours_as_intents(advisor):
+    """Issue 20, item 4: the advisor's workbook read by the product, its fused-API findings
+    mapped to our catalog's patterns and the user's lines, and folded into the plan's intents."""
+    from trainbridge.profile.ascend.intents import profile_intents
+
+    a, r = advisor("host_bound"), A.analyse_ascend(FIX / "host_bound")
+    rep = a.report
+    assert rep.xlsx and rep.html and rep.returncode == 0
+    theirs = [f for f in rep.findings if f.rule == "msprof-analyze.affinity_api"]
+    ours = [f for f in r.findings if f.rule.startswith("affinity.")]
+    assert theirs and {f.suggestion for f in theirs} == {f.suggestion for f in ours}
+    assert {f.pattern for f in theirs} == {f.pattern for f in ours} and None not in {f.pattern for f in theirs}
+    assert all(f.source == "msprof-analyze" for f in rep.findings)
+    assert any(f.rule == "msprof-analyze.operator_dynamic_shape_issues" for f in rep.findings), \
+        [f.rule for f in rep.findings]
+    intents = profile_intents(r.model_copy(update={"advisor": rep}))
+    by_source = {}
+    for i in intents:
+        by_source.setdefault(i["source"], set()).add(i["pattern"])
+    # the advisor's fused-API patterns are ours; ours add the knobs (schedule, environment) it reports elsewhere
+    assert by_source["msprof-analyze"] == {f.pattern for f in ours} <= by_source["trainbridge"]
+    assert all(i["summary"].startswith(i["source"]) for i in intents)
+
+
+@needs_advisor
+def test_profile_dir_with_the_advisor_prints_and_keeps_its_findings(tmp_path):
+    shutil.copytree(FIX / "host_bound", tmp_path / "host_bound")
+    out = tmp_path / "advisor"
+    proc = subprocess.run([sys.executable, "-m", "trainbridge.cli", "profile", str(tmp_path / "host_bound"),
+                           "--advisor", str(out), "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "msprof-analyze advisor" in proc.stdout and "[msprof-analyze]" in proc.stdout, proc.stdout[-3000:]
+    kept = json.loads((tmp_path / "r.json").read_text())
+    assert kept["advisor"]["findings"] and list(out.glob("mstt_advisor_*.html"))

@@ -20,9 +20,11 @@ from ..harness.runner import port_workload, run_workload
 from ..ledger import models as ev
 from ..measure import acceptance
 from ..measure.acceptance import Rule
+from ..measure.prediction import Observation, PredictionCheck
 from ..measure.timed_runs import timed_run_problem
 from ..measure.timing import candidate_session, lockstep_session, timing_kwargs
 from ..profile.analysis import ProfileReport, analyse
+from ..profile.ascend.intents import profile_intents
 from ..profile.floor import floor_request, measure_floor, summarise
 from ..workload import work_note
 from .candidate import Candidate, Stage
@@ -203,11 +205,13 @@ def plan(state: RunState, runtime: Rt) -> dict:
     ctx.report("plan", candidates=n)
     files = read_program(Path(state["incumbent_dir"]))
     prof = ctx.profile()
-    intents = ctx.intents()
+    # on npu the port's own profile adds its findings (ours and msprof-analyze's) as intents
+    intents = ctx.intents() + (profile_intents(prof.ascend) if cfg.target == "npu" else [])
     tried = set(state.get("tried", []))
     items: list[PlanItem] = []
     m = ctx.workload.manifest
     fence = off_limits(files, m.protected, m.editable)
+    observed = [Observation.model_validate(d) for d in state.get("realised", [])]
     for recipe in RECIPES.values():
         if cfg.target not in recipe.targets or (cfg.dry_run and not recipe.dry_run_checkable):
             continue
@@ -220,7 +224,8 @@ def plan(state: RunState, runtime: Rt) -> dict:
             pattern = site_pattern(recipe.pattern, site)
             matching = [i for i in intents if i.get("pattern") == pattern]
             intent = max(matching, key=lambda i: i.get("confidence", 0)) if matching else None
-            item = make_item(recipe, prof, intent=intent, min_effect=_bar(state, ctx), site=site, target=cfg.target)
+            item = make_item(recipe, prof, intent=intent, min_effect=_bar(state, ctx), site=site, target=cfg.target,
+                             observed=observed)
             if item.key not in tried:
                 items.append(item)
     ranked = rank(items)
@@ -292,7 +297,8 @@ def rewrite(state: RunState, runtime: Rt) -> dict:
     (cdir / "candidate.diff").write_text(diff)
     (cdir / "proposal.json").write_text(proposal.model_dump_json(indent=1))
     ctx.log(ev.CandidateProposed(
-        **ctx.base(), candidate_id=cur.id, intent_id=item.intent_id, pattern=item.pattern,
+        **ctx.base(), candidate_id=cur.id, intent_id=item.intent_id, intent_summary=item.intent_summary,
+        pattern=item.pattern,
         level=item.level, gap_class=item.gap_class, source=proposal.source, mechanism=proposal.mechanism,
         hypothesis=_hypothesis(ctx, item, proposal, incumbent).model_dump(), diff=diff, files=proposal.changed_files,
         incumbent=state.get("incumbent_id", "port"),
@@ -413,11 +419,22 @@ def measure(state: RunState, runtime: Rt) -> dict:
         return _reject_or_repair(state, ctx, cur, "timed run", str(e), Rule.TIMED_RUN_MISMATCH)
 
     ctx.log(ev.CandidateMeasured(**ctx.base(), candidate_id=cur.id, incumbent_runs_ms=inc, candidate_runs_ms=cand,
-                                 comparison=comp, note=note, problems=problems))
+                                 comparison=comp, note=note, problems=problems,
+                                 prediction=PredictionCheck.of(cur.item.hypothesis.predicted_saving_ms, comp)))
     return {"current": cur.model_copy(update={"stage": Stage.MEASURED, "comparison": comp}).to_state()}
 
 
 # ----------------------------------------------------------------- decide ----
+def _realised(ctx: RunContext, cur: Candidate) -> dict:
+    """What a measured recipe candidate realised of its raw prediction: the planner's next
+    predictions for that recipe are calibrated with it (measure.prediction)."""
+    h = cur.item.hypothesis
+    if not (cur.source or "").startswith("recipe:") or cur.item.combines or h.uncalibrated_saving_ms is None:
+        return {}
+    obs = Observation.of(cur.item.recipe, ctx.cfg.target, h.uncalibrated_saving_ms, cur.comparison, source=cur.id)
+    return {"realised": [obs.model_dump()]}
+
+
 def decide(state: RunState, runtime: Rt) -> dict:
     ctx = runtime.context
     cur = Candidate.model_validate(state["current"])
@@ -433,12 +450,13 @@ def decide(state: RunState, runtime: Rt) -> dict:
                 "current": None, **keeps_low}
     comp = cur.comparison
     rule = acceptance.rule_of(comp)
+    learned = _realised(ctx, cur)
     if rule == Rule.INTERVAL_CLEARS_BAR:
         new_speed = speed * comp.speedup
         ctx.decide(cur.id, "accepted", comp.reason, new_speed, rule)
         return {"incumbent_dir": str(Path(cur.dir) / "program"), "incumbent_id": cur.id,
-                "incumbent_speedup": new_speed, "accepted": [cur.id], "current": None, **keeps_low}
-    out = _reject_or_repair(state, ctx, cur, "measure", comp.reason, rule)
+                "incumbent_speedup": new_speed, "accepted": [cur.id], "current": None, **keeps_low, **learned}
+    out = {**_reject_or_repair(state, ctx, cur, "measure", comp.reason, rule), **learned}
     if (cur.source or "").startswith("recipe:") and not cur.item.combines and comp.speedup > 1.0 \
             and comp.ci_high > 1 + _bar(state, ctx):
         out["near_misses"] = [cur.item.model_dump(mode="json")]  # planner.combined_item

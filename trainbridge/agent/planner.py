@@ -1,9 +1,10 @@
 """Rank what to try next: intents joined to recipes, scored by the time they could remove.
 
-score = predicted saving (ms, from the target profile) x confidence / cost of the ladder
-level. Cheaper levels come first at equal score; one mechanism per candidate. Every plan
-item carries its hypothesis, written before anything is measured: which operators should
-disappear, the predicted saving, and the result that would reject it.
+score = predicted saving (ms, from the target profile, calibrated by what the recipe realised
+when measured: `measure.prediction`) x confidence / cost of the ladder level. Cheaper levels
+come first at equal score; one mechanism per candidate. Every plan item carries its
+hypothesis, written before anything is measured: which operators should disappear, the
+predicted saving, and the result that would reject it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from ..measure.prediction import Observation, calibration
 from ..patterns import LEVEL_COST, pattern_spec
 from ..profile.analysis import ProfileReport
 
@@ -23,8 +25,11 @@ class Hypothesis(BaseModel):
     gemm_precision: Literal["lower", "higher"] | None = Field(
         None, description="a precision change: more ('lower') or fewer ('higher') of the step's GEMM/convolution "
                           "ops must run in a 16-bit dtype")
-    predicted_saving_ms: float
+    predicted_saving_ms: float = Field(..., description="calibrated: the raw prediction x the recipe's realised factor")
     predicted_saving_pct: float
+    uncalibrated_saving_ms: float | None = Field(None, description="profiled time of what the change touches x the "
+                                                 "pattern's removable share, capped by the time above the floor")
+    calibration: str = Field("", description="the factor applied and the measurements it comes from")
     reject_if: str
 
 
@@ -70,6 +75,8 @@ def combined_item(near_misses: list[PlanItem], *, min_effect: float) -> PlanItem
     names = " + ".join(i.key for i in parts)
     hyp = Hypothesis(ops_removed=[] if compiled or precision else ops, compiled_region=compiled,
                      gemm_precision=precision, predicted_saving_ms=round(saving, 3), predicted_saving_pct=round(pct, 2),
+                     uncalibrated_saving_ms=round(sum(i.hypothesis.uncalibrated_saving_ms or 0.0 for i in parts), 3),
+                     calibration="the sum of its parts' calibrated predictions",
                      reject_if=f"the speedup's 95% CI does not clear {1 + min_effect:.2f}x, or the named operators' "
                                "per-step count does not fall, or the loss trajectory leaves tolerance")
     return PlanItem(key=f"{COMBINED}:" + "+".join(sorted(i.key for i in parts)), recipe=COMBINED, pattern=COMBINED,
@@ -115,10 +122,12 @@ def site_pattern(pattern: str, site: str | None) -> str:
 
 
 def make_item(recipe, profile: ProfileReport, *, intent: dict | None, min_effect: float,
-              site: str | None = None, target: str | None = None) -> PlanItem:
+              site: str | None = None, target: str | None = None, observed: list[Observation] = ()) -> PlanItem:
     pattern = site_pattern(recipe.pattern, site)
     ops = pattern_spec(pattern).eager_ops
-    saving = predicted_saving_ms(pattern, profile, (intent or {}).get("eager_ops"))
+    raw = predicted_saving_ms(pattern, profile, (intent or {}).get("eager_ops"))
+    cal = calibration(recipe.name, target or "cpu", list(observed))
+    saving = raw * cal.factor
     step = profile.step.median_ms
     conf = float((intent or {}).get("confidence", 0.5))
     level = (intent or {}).get("level") or recipe.level
@@ -136,6 +145,8 @@ def make_item(recipe, profile: ProfileReport, *, intent: dict | None, min_effect
         ops_removed=[] if compiled or precision else list(ops), compiled_region=compiled, gemm_precision=precision,
         predicted_saving_ms=round(saving, 3),
         predicted_saving_pct=round(pct, 2),
+        uncalibrated_saving_ms=round(raw, 3),
+        calibration=cal.note,
         reject_if=(f"the speedup's {int(100 * 0.95)}% CI does not clear {1 + min_effect:.2f}x, or {mechanism}, "
                    "or the loss trajectory leaves tolerance"),
     )

@@ -127,6 +127,9 @@ class RunState(TypedDict, total=False):
     # PlanItems (as dicts) of recipe candidates rejected by the clock whose point estimate was
     # above 1 and whose interval reached past the bar: combined into one candidate later
     near_misses: Annotated[list[dict], _append]
+    # measure.prediction.Observation dicts: what each measured recipe candidate realised of its
+    # raw prediction, so the planner's later predictions for that recipe are calibrated by it
+    realised: Annotated[list[dict], _append]
     current: dict | None    # a `Candidate` as `Candidate.to_state()` stores it
     n_candidates: int
     done_reason: str

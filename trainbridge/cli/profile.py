@@ -27,6 +27,9 @@ def profile(
     json_out: Optional[Path] = typer.Option(None, "--json", help="profiler folder: write the AscendProfileReport as "
                                                                "JSON here (a JSON list of them for several ranks)"),
     top: int = typer.Option(10, "--top", help="profiler folder: findings to print (--json keeps them all)"),
+    advisor: Optional[Path] = typer.Option(None, "--advisor", metavar="OUT", help=(
+        "profiler folder: also run msprof-analyze's advisor on it (where installed), its output kept in OUT, "
+        "its findings printed and kept in --json next to ours")),
 ) -> None:
     """Baseline profile of a workload, or the analysis of an Ascend profile you already have.
 
@@ -39,10 +42,11 @@ def profile(
         if out is not None or measured is not None:
             raise ValueError(f"{path}: not a workload (no trainbridge.toml); --out and --measured are for profiling "
                              "a workload (use --json FILE to keep the analysis of a profiler folder)")
-        _analyse_profile_folder(path, json_out, top)
+        _analyse_profile_folder(path, json_out, top, advisor)
         return
-    if json_out is not None:
-        raise ValueError("--json is for analysing a profiler folder; profiling a workload writes profile.json under --out")
+    if json_out is not None or advisor is not None:
+        raise ValueError("--json and --advisor are for analysing a profiler folder; profiling a workload writes "
+                         "profile.json under --out")
     from ..harness.runner import run_workload
     from ..profile import analyse, render_profile
 
@@ -87,7 +91,8 @@ def _analyse_torch_trace(path: Path, json_out: Optional[Path], top: int) -> None
         console.print(f"wrote {json_out}")
 
 
-def _analyse_profile_folder(path: Path, json_out: Optional[Path], top: int) -> None:
+def _analyse_profile_folder(path: Path, json_out: Optional[Path], top: int,
+                            advisor_out: Optional[Path] = None) -> None:
     """`trainbridge profile DIR` on a torch_npu profiler folder: one report per rank folder found."""
     from pydantic import TypeAdapter
 
@@ -97,7 +102,8 @@ def _analyse_profile_folder(path: Path, json_out: Optional[Path], top: int) -> N
         PyTorchTraceOnly,
         analyse_ranks,
     )
-    from ..profile.ascend.render import render_ascend_report, render_rank_summary
+    from ..profile.ascend.advisor import run_advisor
+    from ..profile.ascend.render import render_advisor, render_ascend_report, render_rank_summary
 
     if json_out is not None and json_out.is_dir():
         raise ValueError(f"--json {json_out}: is a folder; give a file name, e.g. {json_out / 'ascend_profile.json'}")
@@ -131,6 +137,16 @@ def _analyse_profile_folder(path: Path, json_out: Optional[Path], top: int) -> N
     if len(ranks) > 1:
         console.print()
         render_rank_summary(rows, console)
+    if advisor_out is not None:
+        # one rank: its *_ascend_pt folder, as the advisor expects; several: the parent (its cluster analysis)
+        folder = ranks[0][0]
+        folder = folder.parent if folder.name == "ASCEND_PROFILER_OUTPUT" else folder
+        with console.status("msprof-analyze advisor ..."):
+            rep = run_advisor(folder if len(ranks) == 1 else path, advisor_out)
+        console.print()
+        render_advisor(rep, console)
+        for r in reports:
+            r.advisor = rep
     if json_out is not None:
         data = (reports[0].model_dump_json(indent=1) if len(ranks) == 1 else
                 TypeAdapter(list[AscendProfileReport]).dump_json(reports, indent=1).decode())

@@ -14,6 +14,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from ..harness.models import Environment, TargetName
+from ..measure.prediction import PredictionCheck
 from ..measure.statistics import AACalibration, Comparison, Summary, summarize
 from ..profile.floor import FloorSummary
 
@@ -65,8 +66,11 @@ class HypothesisRecord(_Strict):
                                                      "inside the training step")
     gemm_precision: Literal["lower", "higher"] | None = Field(
         None, description="a precision change: more ('lower') or fewer ('higher') GEMM/convolution ops in 16-bit")
-    predicted_saving_ms: float
+    predicted_saving_ms: float = Field(..., description="calibrated by what the recipe realised when measured "
+                                                        "(measure.prediction); older ledgers: uncalibrated")
     predicted_saving_pct: float
+    uncalibrated_saving_ms: float | None = Field(None, description="the profile's prediction before calibration")
+    calibration: str = Field("", description="the factor applied and the measurements it comes from")
     reject_if: str
 
 
@@ -175,6 +179,8 @@ class CandidateProposed(_Event):
     event: Literal["candidate_proposed"] = "candidate_proposed"
     candidate_id: str
     intent_id: str | None = None
+    intent_summary: str = Field("", description="what the intent says: the GPU evidence's summary, or the npu profile "
+                                                "finding (rule, operators, source lines, who found it)")
     pattern: str
     level: str
     gap_class: str
@@ -206,6 +212,8 @@ class CandidateMeasured(_Event):
     note: str = ""
     aa_note: str = Field("", description="what the A/A calibration says about this decision's noise floor")
     problems: list[str] = Field(default_factory=list, description="timing runs that failed")
+    prediction: PredictionCheck | None = Field(None, description="the hypothesis' predicted saving beside the "
+                                                                 "measured one; `far` flags a miss past the interval")
 
 
 class CandidateDecided(_Event):

@@ -58,6 +58,8 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
         p = proposed.get(cid)
         m = measured.get(cid)
         pred = f"{p.hypothesis.predicted_saving_pct:.1f}%" if p else "-"
+        if m is not None and m.prediction is not None and m.prediction.far:
+            pred += f" (**far**: missed by {m.prediction.missed_by_pct:+.1f} pts)"
         lines.append(
             f"| {cid} | {p.pattern if p else '-'} | {p.level if p else '-'} | {(p.mechanism if p else '')[:60]} | "
             f"{pred} | {_ci(m.comparison if m else None)} | {d.decision}{f' ({d.rule})' if d.rule else ''} | "

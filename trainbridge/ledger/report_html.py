@@ -22,9 +22,8 @@ import json
 import logging
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from . import models as ev
+from ..measure.prediction import PredictionCheck
 from ..measure.statistics import Comparison
 from .store import Ledger
 from .summary import evidence_event, evidence_line, verdict_line
@@ -150,37 +149,6 @@ def losses_svg(baseline: list[float | None], candidate: list[float | None]) -> s
 
 
 # ------------------------------------------------------------- the cards ----
-class PredictionCheck(BaseModel):
-    """The hypothesis' predicted saving against the measured one, in % of the incumbent's step."""
-
-    predicted_pct: float
-    predicted_ms: float
-    measured_pct: float
-    measured_low_pct: float
-    measured_high_pct: float
-    measured_ms: float
-    missed_by_pct: float = 0.0  # predicted minus the nearest end of the measured interval; 0 inside it
-
-    @classmethod
-    def of(cls, hyp: ev.HypothesisRecord, comp: Comparison) -> "PredictionCheck":
-        pct = lambda s: 100.0 * (1.0 - 1.0 / s)  # noqa: E731  (a speedup s saves 1 - 1/s of the step)
-        lo, hi = pct(comp.ci_low), pct(comp.ci_high)
-        p = hyp.predicted_saving_pct
-        missed = p - hi if p > hi else (p - lo if p < lo else 0.0)
-        return cls(predicted_pct=p, predicted_ms=hyp.predicted_saving_ms, measured_pct=pct(comp.speedup),
-                   measured_low_pct=lo, measured_high_pct=hi,
-                   measured_ms=comp.median_incumbent_ms - comp.median_candidate_ms, missed_by_pct=missed)
-
-    def sentence(self) -> str:
-        said = (f"predicted {self.predicted_pct:.1f}% ({self.predicted_ms:.2f} ms a step); measured "
-                f"{self.measured_pct:.1f}% ({self.measured_ms:.2f} ms; interval {self.measured_low_pct:.1f}% to "
-                f"{self.measured_high_pct:.1f}%)")
-        if self.missed_by_pct == 0.0:
-            return said + ": the prediction is inside the measured interval"
-        way = "over" if self.missed_by_pct > 0 else "under"
-        return said + f": the prediction missed, {way}stated by {abs(self.missed_by_pct):.1f} points"
-
-
 def _e(text) -> str:
     return html.escape(str(text))
 
@@ -236,10 +204,12 @@ def _card(run_dir: Path, cid: str, p: ev.CandidateProposed | None, v: ev.Candida
         parts.append(f"<p>Hypothesis: removes {_e(', '.join(h.ops_removed) or 'no named operators')}; "
                      f"reject if {_e(h.reject_if)}</p>")
     if p is not None and m is not None:
-        check = PredictionCheck.of(p.hypothesis, m.comparison)
+        check = m.prediction or PredictionCheck.of(p.hypothesis.predicted_saving_ms, m.comparison)
         cls = "hit" if check.missed_by_pct == 0.0 else "miss"
         parts.append(f"<p class='{cls}'>{_e(check.sentence())}</p>")
-    elif p is not None:
+    if p is not None and p.hypothesis.calibration:
+        parts.append(f"<p>Prediction calibrated {_e(p.hypothesis.calibration)}</p>")
+    if p is not None and m is None:
         parts.append(f"<p>predicted {p.hypothesis.predicted_saving_pct:.1f}% "
                      f"({p.hypothesis.predicted_saving_ms:.2f} ms a step); never timed</p>")
     if v is not None:

@@ -74,6 +74,9 @@ class CandidateSummary(BaseModel):
     ci_high: float | None = None
     suspicious: bool = False
     incumbent_speedup_vs_baseline: float | None = None
+    predicted_saving_pct: float | None = None  # the hypothesis' (calibrated) prediction, % of the port's step
+    measured_saving_pct: float | None = None   # % of the incumbent's step
+    prediction_far: bool | None = None         # the prediction lies far outside the measured interval
 
     @property
     def ci(self) -> tuple[float, float] | None:
@@ -199,6 +202,7 @@ class Ledger:
             if isinstance(e, CandidateProposed):
                 s.intent_id, s.pattern, s.level = e.intent_id, e.pattern, e.level
                 s.source, s.mechanism = e.source, e.mechanism
+                s.predicted_saving_pct = e.hypothesis.predicted_saving_pct
             elif isinstance(e, CandidateValidated):
                 s.stage, s.validated = e.stage, e.passed
                 if not e.passed:
@@ -206,6 +210,8 @@ class Ledger:
             elif isinstance(e, CandidateMeasured):
                 c = e.comparison
                 s.speedup, s.ci_low, s.ci_high, s.suspicious = c.speedup, c.ci_low, c.ci_high, c.suspicious
+                if e.prediction is not None:
+                    s.measured_saving_pct, s.prediction_far = e.prediction.measured_pct, e.prediction.far
             elif isinstance(e, CandidateDecided):
                 s.decision, s.reason, s.rule = e.decision, e.reason, e.rule
                 s.incumbent_speedup_vs_baseline = e.incumbent_speedup_vs_baseline

@@ -10,6 +10,7 @@ memory-bound (elementwise and reduction operators dominate), communication-bound
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -211,6 +212,20 @@ def _report(*, workload: str, target: str, step: StepTimes, n_prof: int, prof_st
     )
 
 
+def _advisor(profile_dir: str, evidence: list[str]):
+    """msprof-analyze's advisor on the same folder where it is installed, its output kept beside
+    the folder (`msprof_advisor/`); its findings join ours in the plan, marked as its."""
+    from .ascend.advisor import run_advisor
+
+    rep = run_advisor(profile_dir, Path(profile_dir).parent / "msprof_advisor")
+    if rep is None:
+        evidence.append("msprof-analyze is not installed: our Ascend analysis alone (the [npu] extra installs it)")
+    else:
+        evidence.append(f"msprof-analyze advisor: {len(rep.findings)} finding(s) in {rep.out_dir}"
+                        + (f"; {rep.note}" if rep.note else ""))
+    return rep
+
+
 def _ascend_report(profile_dir: str | None, evidence: list[str]) -> dict | None:
     """The Ascend analysis of an npu run's torch_npu profiler folder; why not, in `evidence`."""
     if not profile_dir:
@@ -226,6 +241,7 @@ def _ascend_report(profile_dir: str | None, evidence: list[str]) -> dict | None:
     for _, report in ranks:
         if not isinstance(report, AscendProfileError):
             evidence.append(f"Ascend profile: {report.verdict} ({report.path})")
+            report.advisor = _advisor(profile_dir, evidence)
             return report.model_dump(mode="json")
     evidence.append(f"the torch_npu profiler folder could not be analysed: {ranks[0][1] if ranks else 'empty'}")
     return None

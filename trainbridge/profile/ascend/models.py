@@ -135,6 +135,7 @@ class Finding(BaseModel):
     value: float | None = Field(None, description="the number the rule fired on (unit in the rule's message)")
     pattern: str | None = Field(None, description="the pattern registry's name for what the suggestion realises "
                                                   "(trainbridge.patterns), so the finding joins the intents and recipes")
+    source: str = Field("trainbridge", description="who found it: our analysers, or 'msprof-analyze' (its advisor)")
 
 
 class StepBreakdown(BaseModel):
@@ -163,6 +164,21 @@ class KernelTime(BaseModel):
     kernels: int
 
 
+class AdvisorReport(BaseModel):
+    """What the advisor said about one folder, and where its own files are."""
+
+    command: list[str]
+    returncode: int | None = Field(None, description="None when it did not finish (timeout)")
+    out_dir: str = Field(..., description="the advisor's output folder (its .html page and log/*.xlsx workbook)")
+    html: list[str] = Field(default_factory=list)
+    xlsx: str | None = None
+    findings: list[Finding] = Field(default_factory=list, description="rule `msprof-analyze.<sheet>`, source "
+                                                                      "msprof-analyze")
+    overall: dict[str, float] = Field(default_factory=dict, description="'Overall Summary': row -> share of E2E time")
+    errors: list[str] = Field(default_factory=list, description="the advisor's [ERROR] log lines (unreadable files)")
+    note: str = ""
+
+
 class AscendProfileReport(BaseModel):
     path: str
     schema_version: str
@@ -176,6 +192,8 @@ class AscendProfileReport(BaseModel):
     files_missing: list[str]
     skipped_rows: dict[str, int] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
+    advisor: AdvisorReport | None = Field(None, description="msprof-analyze's advisor on the same folder, where "
+                                                            "installed (profile/ascend/advisor.py)")
 
     def by_rule(self, prefix: str) -> list[Finding]:
         return [f for f in self.findings if f.rule == prefix or f.rule.startswith(prefix + ".")]

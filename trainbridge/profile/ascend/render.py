@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .models import AscendProfileReport, Finding
+from .models import AdvisorReport, AscendProfileReport, Finding
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
@@ -100,3 +100,23 @@ def render_rank_summary(rows: Sequence[tuple[str, AscendProfileReport | None]], 
         step = (f", step {_us(bd.step_us)}, free {bd.free_share:.1%}, uncovered comm {bd.communication_share:.1%}"
                 if bd else "")
         console.print(f"  {escape(name)}: [bold]{escape(r.verdict)}[/bold]{step}, {len(r.findings)} finding(s)")
+
+
+def render_advisor(rep: AdvisorReport | None, console: Console) -> None:
+    """msprof-analyze's advisor on the same folder, its findings marked as its own."""
+    if rep is None:
+        console.print("[yellow]msprof-analyze is not installed[/yellow] (pip install msprof-analyze, or set "
+                      "TRAINBRIDGE_MSPROF_ANALYZE to its executable): our analysis alone")
+        return
+    console.print(f"[bold]msprof-analyze advisor[/bold] ({len(rep.findings)} finding(s); its own output in "
+                  f"{escape(rep.out_dir)})" + (":" if rep.findings else ""))
+    if rep.note:
+        console.print(f"[yellow]warning:[/yellow] {escape(rep.note)}")
+    for f in rep.findings:
+        tag = f" -> {escape(f.suggestion)} [{escape(f.pattern)}]" if f.suggestion and f.pattern else ""
+        console.print(f"  {escape('[msprof-analyze]')} {escape(f.message)}{tag}")
+        if f.source_lines and ", ".join(f.source_lines) not in f.message:
+            console.print(f"         at {escape(', '.join(f.source_lines))}")
+    for e in rep.errors[:5]:
+        console.print(f"  [yellow]advisor log:[/yellow] {escape(e[:300])}")
+

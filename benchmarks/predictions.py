@@ -1,0 +1,163 @@
+"""Predicted against measured savings, over every measured recipe candidate of the ledgers read.
+
+    python benchmarks/predictions.py [LEDGER ...] [--write-defaults] [--out benchmarks/results]
+
+Without arguments it reads the others-programs benchmark's ledgers kept in
+`benchmarks/results/others_programs_ledgers*/`. For each measured recipe candidate (a
+combined candidate is the sum of its parts and is left out) it takes the raw prediction (the
+profile's time of what the recipe changes x the pattern's removable share; the ledger's
+`uncalibrated_saving_ms`, or `predicted_saving_ms` in ledgers written before calibration) and
+the measured saving, both in % of the incumbent's step, and reports the absolute error in
+points of three predictions:
+
+- **raw**: as the planner predicted before calibration;
+- **shipped**: raw x the factor fitted on the *other* programs' candidates (leave one program
+  out: a program's own measurements never calibrate its own predictions here);
+- **shipped + run**: as the loop predicts, the leave-one-out factor shrunk toward the ratios of
+  the same recipe's candidates measured earlier in the same run (`measure.prediction`).
+
+It also gives Spearman's rank correlation of each prediction with the measurement (the
+planner ranks by prediction, so the order matters more than the size). `--write-defaults`
+writes the factors fitted on all candidates to `trainbridge/measure/realised_shares.json`,
+the table the loop ships with; `--write-table PATH` writes them elsewhere, for a run given
+`TRAINBRIDGE_REALISED_SHARES=PATH`. Nothing is timed; it reads ledgers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scipy.stats import spearmanr  # noqa: E402
+
+from trainbridge.ledger import models as ev  # noqa: E402
+from trainbridge.ledger.store import Ledger  # noqa: E402
+from trainbridge.measure.prediction import (  # noqa: E402
+    SHIPPED_PATH, Observation, ShippedShares, calibration, fit, saving_pct)
+
+DEFAULT_LEDGERS = sorted((ROOT / "benchmarks" / "results").glob("others_programs_ledgers*/*.ledger.jsonl"))
+
+
+def candidates(path: Path) -> tuple[list[dict], str | None]:
+    """The measured recipe candidates of one ledger, in order, and the CPU it ran on."""
+    events = Ledger(path).events()
+    started = next(e for e in events if isinstance(e, ev.RunStarted))
+    base = next((e for e in events if isinstance(e, ev.BaselineMeasured)), None)
+    cpu = base.environment.cpu_signature if base and base.environment else None
+    program = Path(started.workload).name
+    proposed = {e.candidate_id: e for e in events if isinstance(e, ev.CandidateProposed)}
+    rows = []
+    for m in (e for e in events if isinstance(e, ev.CandidateMeasured)):
+        p = proposed.get(m.candidate_id)
+        if p is None or not p.source.startswith("recipe:") or p.source == "recipe:combined":
+            continue
+        h = p.hypothesis
+        raw_ms = h.uncalibrated_saving_ms if h.uncalibrated_saving_ms is not None else h.predicted_saving_ms
+        obs = Observation.of(p.source.removeprefix("recipe:"), started.target, raw_ms, m.comparison,
+                             source=f"{program}/{m.candidate_id}")
+        rows.append({"program": program, "ledger": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+                     "candidate": m.candidate_id, "recipe": obs.recipe, "target": obs.target, "obs": obs,
+                     "inc_ms": m.comparison.median_incumbent_ms, "measured_pct": saving_pct(m.comparison.speedup),
+                     "low_pct": saving_pct(m.comparison.ci_low), "high_pct": saving_pct(m.comparison.ci_high)})
+    return rows, cpu
+
+
+def table_of(rows: list[dict], cpu: str, ledgers: list[str], command: str) -> ShippedShares:
+    return ShippedShares(cpu=cpu, date=time.strftime("%Y-%m-%d"), command=command, ledgers=ledgers,
+                         shares=fit([r["obs"] for r in rows]))
+
+
+def evaluate(rows: list[dict], cpu: str) -> None:
+    """Fill each row's three predictions (in % of the incumbent's step)."""
+    for r in rows:
+        others = table_of([o for o in rows if o["program"] != r["program"]], cpu, [], "leave one program out")
+        earlier = [o["obs"] for o in rows if o["ledger"] == r["ledger"] and o["seq"] < r["seq"]]
+        raw_pct = 100.0 * r["obs"].raw_saving_ms / r["inc_ms"]
+        r["raw_pct"] = raw_pct
+        r["shipped_pct"] = raw_pct * calibration(r["recipe"], r["target"], [], table=others).factor
+        r["run_pct"] = raw_pct * calibration(r["recipe"], r["target"], earlier, table=others).factor
+
+
+def markdown(res: dict) -> str:
+    f1 = lambda x: f"{x:.1f}"  # noqa: E731
+    lines = [f"Predicted against measured saving, in % of the incumbent's step, over {res['n']} measured recipe "
+             f"candidates of {len(res['ledgers'])} ledgers ({res['programs']} programs; `{res['command']}`, "
+             f"{res['date']}). CPU: {res['cpu']}.", "",
+             "| prediction | median absolute error (points) | mean absolute error | Spearman rank correlation |",
+             "| --- | --- | --- | --- |"]
+    for k, name in (("raw", "raw (profile x removable share)"),
+                    ("shipped", "x factor fitted on the other programs"),
+                    ("run", "x that factor shrunk toward this run's earlier measurements (the loop)")):
+        s = res["summary"][k]
+        lines.append(f"| {name} | **{f1(s['median_abs_error'])}** | {f1(s['mean_abs_error'])} | "
+                     f"{s['spearman']:.2f} |")
+    lines += ["", "Factors fitted on all candidates (what `--write-defaults` ships):", "",
+              "| recipe | target | factor | n | ratios (measured / raw prediction, clipped to [-1, 2]) |",
+              "| --- | --- | --- | --- | --- |"]
+    for s in res["shares"]:
+        lines.append(f"| {s['recipe']} | {s['target']} | {s['factor']:.2f} | {s['n']} | "
+                     f"{', '.join(f'{x:.2f}' for x in s['ratios'])} |")
+    lines += ["", "| program | candidate | raw | shipped | shipped + run | measured (95% CI) |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for r in res["rows"]:
+        lines.append(f"| {r['program']} | {r['candidate']} | {f1(r['raw_pct'])} | {f1(r['shipped_pct'])} | "
+                     f"{f1(r['run_pct'])} | {f1(r['measured_pct'])} ({f1(r['low_pct'])} to {f1(r['high_pct'])}) |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("ledgers", nargs="*", type=Path, help="ledger.jsonl files (default: the others-programs ones)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--write-defaults", action="store_true", help=f"write the fitted factors to {SHIPPED_PATH.name}")
+    ap.add_argument("--write-table", type=Path, help="write the fitted factors here (for $TRAINBRIDGE_REALISED_SHARES)")
+    a = ap.parse_args()
+    paths = [p.resolve() for p in a.ledgers] or DEFAULT_LEDGERS
+    if not paths:
+        ap.error("no ledgers given and none found under benchmarks/results/others_programs_ledgers*/")
+    rows, cpus = [], set()
+    for path in paths:
+        got, cpu = candidates(path)
+        for i, r in enumerate(got):
+            r["seq"] = i
+        rows += got
+        cpus.add(cpu)
+    if not rows:
+        ap.error("the ledgers hold no measured recipe candidate")
+    cpu = " / ".join(sorted(c or "CPU not recorded" for c in cpus))
+    evaluate(rows, cpu)
+    command = "python benchmarks/predictions.py " + " ".join(sys.argv[1:])
+    ledgers = sorted({r["ledger"] for r in rows})
+    table = table_of(rows, cpu, ledgers, command)
+    measured = [r["measured_pct"] for r in rows]
+
+    def summary(key: str) -> dict:
+        errs = [abs(r[key] - r["measured_pct"]) for r in rows]
+        return {"median_abs_error": statistics.median(errs), "mean_abs_error": statistics.fmean(errs),
+                "spearman": float(spearmanr([r[key] for r in rows], measured).statistic)}
+
+    res = {"cpu": cpu, "date": time.strftime("%Y-%m-%d"), "command": command, "ledgers": ledgers, "n": len(rows),
+           "programs": len({r["program"] for r in rows}),
+           "summary": {"raw": summary("raw_pct"), "shipped": summary("shipped_pct"), "run": summary("run_pct")},
+           "shares": [s.model_dump() for s in table.shares],
+           "rows": [{k: v for k, v in r.items() if k != "obs"} | {"raw_saving_ms": r["obs"].raw_saving_ms,
+                                                                 "measured_saving_ms": r["obs"].measured_saving_ms}
+                    for r in rows]}
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "predictions.json").write_text(json.dumps(res, indent=1))
+    (a.out / "predictions.md").write_text(markdown(res))
+    for path in ([SHIPPED_PATH] if a.write_defaults else []) + ([a.write_table] if a.write_table else []):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(table.model_dump_json(indent=1) + "\n")
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
