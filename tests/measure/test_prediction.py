@@ -33,10 +33,20 @@ def test_a_recipe_with_no_measurement_keeps_its_raw_prediction_and_says_so():
     assert cal.factor == 1.0 and "no shipped measurement" in cal.note
 
 
+def test_an_unmeasured_recipe_starts_from_the_median_of_the_measured_ones_on_its_target():
+    table = _table(_obs("a", 10.0, 1.0), _obs("b", 10.0, 3.0), _obs("c", 10.0, 20.0),
+                   _obs("d", 10.0, 5.0, target="npu"))
+    cal = calibration("threads_knob", "cpu", [], table=table)
+    assert cal.factor == pytest.approx(0.3) and "median of the 3 recipes" in cal.note  # of 0.1, 0.3, 2.0
+    own = [_obs("threads_knob", 1.0, 1.0)]
+    assert calibration("threads_knob", "cpu", own, table=table).factor == pytest.approx((0.3 + 1.0) / 2)
+    assert calibration("threads_knob", "cuda", [], table=table).factor == 1.0  # nothing measured on cuda
+
+
 def test_the_shipped_factor_applies_and_this_runs_measurements_pull_it_their_way():
     table = _table(*[_obs("fused_optimizer", 10.0, 2.0) for _ in range(5)])  # realised 0.2, five times
     assert calibration("fused_optimizer", "cpu", [], table=table).factor == pytest.approx(0.2)
-    assert calibration("fused_optimizer", "npu", [], table=table).factor == 1.0  # another target: not this table's
+    assert calibration("fused_optimizer", "npu", [], table=table).factor == 1.0  # nothing measured on npu
     own = [_obs("fused_optimizer", 5.0, 5.0), _obs("fused_optimizer", 5.0, 5.0)]  # this program realises it all
     cal = calibration("fused_optimizer", "cpu", own, table=table)
     # the shipped table counts as two measurements: (2 x 0.2 + 1 + 1) / 4

@@ -235,4 +235,6 @@ def test_a_workload_folder_still_goes_to_the_workload_profile(invoke, tmp_path):
     line = one_line_error(invoke(tmp_path))
     assert "not valid TOML" in line  # the manifest was read: the workload branch ran, nothing else
     line = one_line_error(invoke(tmp_path, "--json", tmp_path / "r.json"))
-    assert "--json is for analysing a profiler folder" in line
+    assert "--json and --advisor are for analysing a profiler folder" in line
+    line = one_line_error(invoke(tmp_path, "--advisor", tmp_path / "adv"))
+    assert "--json and --advisor are for analysing a profiler folder" in line and not (tmp_path / "adv").exists()

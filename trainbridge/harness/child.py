@@ -26,6 +26,7 @@ from ..targets import TargetUnavailable, get_target
 from ..targets.base import cpu_model
 from ..targets.capabilities import cpu_signature
 from . import sandbox
+from .after_import import when_imported
 from .child_env import end_descendants
 from .clock import GEMM_OPS, HarnessStop, StepClock, _compiled_graphs
 from .models import Environment, RunRequest, RunResult, is_path_option
@@ -106,9 +107,8 @@ def run(req: RunRequest) -> RunResult:
         return result
     result.environment = _environment(req, target)
     if req.eager_random_streams:
-        import torch._inductor.config as inductor_config
-
-        inductor_config.fallback_random = True
+        # set as the program first imports Inductor (a program that never compiles skips that import)
+        when_imported("torch._inductor.config", lambda config: setattr(config, "fallback_random", True))
         result.environment.eager_random_streams = True
     plugins = [load_plugin(spec, req.plugin_options) for spec in req.plugins]
     _seed_everything(req.seed)

@@ -13,7 +13,9 @@ measured saving to raw prediction, over the candidates measured so far. Two sour
 - this run's own measured candidates, added as each one is decided, so a recipe that
   disappointed at one site ranks lower at the next.
 
-A recipe and target with neither keeps its raw prediction (factor 1, said so). The ratio of
+A recipe not in the table starts from the median factor of the recipes measured on its
+target (raw predictions overstate most recipes, so an unmeasured one is not favoured for
+being unmeasured); a target with no measurement at all keeps raw predictions (factor 1). The ratio of
 one candidate is clipped to [`RATIO_MIN`, `RATIO_MAX`]: a tiny raw prediction over a noisy
 measurement would otherwise dominate the mean.
 
@@ -90,6 +92,15 @@ class ShippedShares(BaseModel):
     def get(self, recipe: str, target: str) -> RealisedShare | None:
         return next((s for s in self.shares if s.recipe == recipe and s.target == target), None)
 
+    def typical(self, target: str) -> tuple[float, int] | None:
+        """The median factor of the recipes measured on `target`, and how many: the prior of a
+        recipe not measured yet (raw predictions overstate most recipes, an unmeasured one too)."""
+        factors = sorted(s.factor for s in self.shares if s.target == target)
+        if not factors:
+            return None
+        mid = len(factors) // 2
+        return (factors[mid] if len(factors) % 2 else (factors[mid - 1] + factors[mid]) / 2), len(factors)
+
 
 def fit(observations: list[Observation]) -> list[RealisedShare]:
     """One RealisedShare per (recipe, target) with at least one usable ratio."""
@@ -128,9 +139,14 @@ def calibration(recipe: str, target: str, observed: list[Observation] = (),
     table = shipped() if table is None else table
     entry = table.get(recipe, target) if table else None
     own = [o.ratio for o in observed if o.recipe == recipe and o.target == target and o.ratio is not None]
+    typical = table.typical(target) if table else None
     if entry is not None:
         w0, f0 = min(float(entry.n), SHIPPED_WEIGHT), entry.factor
         said = f"shipped {entry.factor:.2f} over {entry.n} measured on {table.cpu}"
+    elif typical is not None:
+        w0, f0 = UNCALIBRATED_WEIGHT, typical[0]
+        said = (f"no shipped measurement of {recipe} on {target}: the median of the {typical[1]} recipes "
+                f"measured there, {typical[0]:.2f}")
     else:
         w0, f0 = UNCALIBRATED_WEIGHT, 1.0
         said = f"no shipped measurement of {recipe} on {target} (factor 1)"
