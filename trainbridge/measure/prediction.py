@@ -15,9 +15,9 @@ measured saving to raw prediction, over the candidates measured so far. Two sour
 
 A recipe not in the table starts from the median factor of the recipes measured on its
 target (raw predictions overstate most recipes, so an unmeasured one is not favoured for
-being unmeasured); a target with no measurement at all keeps raw predictions (factor 1). The ratio of
-one candidate is clipped to [`RATIO_MIN`, `RATIO_MAX`]: a tiny raw prediction over a noisy
-measurement would otherwise dominate the mean.
+being unmeasured); a target with no measurement at all keeps raw predictions (factor 1).
+The ratio of one candidate is clipped to [`RATIO_MIN`, `RATIO_MAX`]: a tiny raw prediction
+over a noisy measurement would otherwise dominate the mean.
 
 `PredictionCheck` is the other half of the method: the prediction beside the measurement, in
 % of the incumbent's step, flagged when it lies more than `FAR_POINTS` outside the measured
@@ -37,7 +37,7 @@ from .statistics import Comparison
 SHIPPED_PATH = Path(__file__).with_name("realised_shares.json")
 ENV = "TRAINBRIDGE_REALISED_SHARES"  # another table (e.g. fitted on your own ledgers) in place of the shipped one
 SHIPPED_WEIGHT = 2.0  # two of this run's own measurements outweigh the shipped table
-UNCALIBRATED_WEIGHT = 1.0  # with no table entry, the raw prediction counts as one measurement of factor 1
+UNCALIBRATED_WEIGHT = 1.0  # with no table entry, the prior (typical factor, or 1) counts as one measurement
 RATIO_MIN, RATIO_MAX = -1.0, 2.0
 MIN_RAW_MS = 0.05  # a raw prediction below this says nothing about a ratio
 FAR_POINTS = 2.0
