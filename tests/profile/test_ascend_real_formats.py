@@ -26,7 +26,7 @@ import pytest
 
 from tests.kits.paths import FIXTURES
 from trainbridge.profile import ascend as A
-from trainbridge.profile.ascend.advisor import ENV, advisor_command, read_xlsx, run_advisor
+from trainbridge.profile.ascend.advisor import ENV, advisor_command, overall_of, read_xlsx, run_advisor
 
 FIX = FIXTURES / "ascend"
 
@@ -135,8 +135,7 @@ class AdvisorRun:
 
     def overall(self) -> dict[str, float]:
         """'Overall Summary' rows: index name -> share of the E2E time (0..1)."""
-        return {r[0].strip(): float(r[2].rstrip("%")) / 100 for r in self.sheets.get("Overall Summary", [])[1:]
-                if len(r) > 2 and r[2].endswith("%")}
+        return overall_of(self.sheets)
 
     def column(self, sheet: str, name: str) -> list[str]:
         rows = self.sheets.get(sheet, [])
