@@ -1,7 +1,7 @@
 """The agent loop end to end on the minigpt fixture, killed -9 at every node and resumed:
 the run still finishes, once, with its ledger, decisions, reports and final program.
 
-One run of the minigpt fixture (two candidates) is killed (SIGKILL to its process group) as soon as a kind
+One run of the minigpt fixture (one candidate) is killed (SIGKILL to its process group) as soon as a kind
 of ledger event it has not been killed after appears, resumed from the command line, and
 killed again at the next new kind, until it finishes. Every kind of event the loop writes
 is a kill point: run start, port, baseline, evidence, proposal, validation, measurement,
@@ -61,7 +61,7 @@ def _run_until_new_kind(cmd: list[str], cwd: Path, runs: Path, killed: set[str],
 def test_a_run_killed_after_every_kind_of_event_resumes_to_one_finish(tmp_path):
     runs = tmp_path / "runs"
     cli = [sys.executable, "-m", "trainbridge.cli", "run"]
-    cmd = cli + [str(MINIGPT), "--budget", "2", "--pairs", "1", "--looks", "1", "--baseline-runs", "4",
+    cmd = cli + [str(MINIGPT), "--budget", "1", "--pairs", "1", "--looks", "1", "--baseline-runs", "4",
                  "--skip-collect",
                  "--allow-no-evidence", "--no-compile-compare", "--runs-root", str(runs)]
     killed: set[str] = set()
@@ -100,4 +100,4 @@ def test_a_run_killed_after_every_kind_of_event_resumes_to_one_finish(tmp_path):
     out = subprocess.run([sys.executable, "-m", "trainbridge.cli", "ledger", str(run_dir)], capture_output=True,
                          text=True, cwd=tmp_path, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0 and decided[0] in out.stdout
-    assert json.loads((run_dir / "config.json").read_text())["budget_candidates"] == 2
+    assert json.loads((run_dir / "config.json").read_text())["budget_candidates"] == 1

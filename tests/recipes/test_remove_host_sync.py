@@ -56,3 +56,38 @@ def test_host_sync_on_nanogpt_keeps_protected_regions():
     assert isinstance(out, RewriteProposal), out
     assert out.sites[0].qualname == "main"
     assert check_candidate(files, out.files, man.protected, man.editable, "npu").passed
+
+
+def test_a_log_line_that_reads_a_second_device_value_keeps_the_guarded_read():
+    """Llama's loop: `train_loss = loss.item()` then one print of train_loss and grad_norm.item().
+    The read's plan and the print's own `.item()` once both replaced the print, the second
+    without the read: the candidate died with NameError train_loss."""
+    src = kit.read("idioms_gpt.py").split("def train(")[0] + '''
+def train(steps, log):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        loss = model(torch.ones(2, 4)).pow(2).mean()
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        train_loss = loss.item()
+        print(f"step {step} loss {train_loss:.4f} grad_norm {grad_norm.item():.4f}")
+    return model
+'''
+    new, out = _apply("remove_host_sync", src, "npu")
+    assert len(out.sites) == 1 and out.sites[0].detail["kind"] == "guard", out.sites
+    guarded = new.split("if step % _TB_LOG_EVERY == 0:")[1]
+    assert "train_loss = loss.item()" in guarded and "grad_norm.item()" in guarded, new
+    kit.load(new)["train"](steps=12, log=None)  # runs: the read is where its print is
+
+
+@needs_nanogpt
+def test_the_llama_workloads_log_line_keeps_its_read():
+    from tests.kits.paths import WORKLOADS
+
+    src = (WORKLOADS / "llama" / "train_llama.py").read_text()
+    new, out = _apply("remove_host_sync", src, "npu", "train_llama.py")
+    guarded = new.split("if step % _TB_LOG_EVERY == 0:")[1]
+    assert "train_loss = loss.item()" in guarded.split("print(")[0], new

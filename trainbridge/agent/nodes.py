@@ -21,6 +21,7 @@ from ..ledger import models as ev
 from ..measure import acceptance
 from ..measure.acceptance import Rule
 from ..measure.prediction import Observation, PredictionCheck
+from ..measure.outliers import OUTLIER_RULE
 from ..measure.timed_runs import timed_run_problem
 from ..measure.timing import candidate_session, lockstep_session, timing_kwargs
 from ..profile.analysis import ProfileReport, analyse
@@ -419,7 +420,7 @@ def measure(state: RunState, runtime: Rt) -> dict:
         return _reject_or_repair(state, ctx, cur, "timed run", str(e), Rule.TIMED_RUN_MISMATCH)
 
     ctx.log(ev.CandidateMeasured(**ctx.base(), candidate_id=cur.id, incumbent_runs_ms=inc, candidate_runs_ms=cand,
-                                 comparison=comp, note=note, problems=problems,
+                                 comparison=comp, note=note, problems=problems, outlier_rule=OUTLIER_RULE,
                                  prediction=PredictionCheck.of(cur.item.hypothesis.predicted_saving_ms, comp)))
     return {"current": cur.model_copy(update={"stage": Stage.MEASURED, "comparison": comp}).to_state()}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..ledger import models as ev
 from ..measure.acceptance import judge
+from ..measure.outliers import OUTLIER_RULE
 from ..measure.timing import interleave, lockstep_session, program_arm
 from .context import RunContext
 from .programs import read_program, unified_diff, write_program
@@ -40,7 +41,7 @@ def end_to_end(ctx: RunContext, port: dict[str, str], final: dict[str, str], *, 
         session = interleave(arms, pairs, on_run=lambda arm, i, r: ctx.report(
             "report", detail=f"end-to-end {arm} run {i + 1}/{pairs}"))
     runs = {"port": [], "final": [], "compiled_port": [], **session.runs_ms}
-    result = {"runs_ms": runs, "min_effect": bar, "problems": session.problems}
+    result = {"runs_ms": runs, "min_effect": bar, "problems": session.problems, "outlier_rule": OUTLIER_RULE}
     if runs["port"] and runs["final"]:
         result["final_vs_port"] = judge(runs["port"], runs["final"], bar=bar, confidence=cfg.confidence).model_dump()
     if runs["compiled_port"] and runs["final"]:

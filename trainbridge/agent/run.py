@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import sys
 import time
@@ -22,6 +23,24 @@ def new_run_id(workload_name: str, target: str) -> str:
     return f"{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}-{workload_name}-{target}"
 
 
+LLM_BACKOFF_ENV = "TRAINBRIDGE_LLM_BACKOFF_S"
+
+
+def llm_backoff_s() -> float:
+    """The first wait before retrying an unusable model answer (doubling each retry): 1 s unless
+    TRAINBRIDGE_LLM_BACKOFF_S says otherwise (a local server with scripted answers needs none)."""
+    raw = os.environ.get(LLM_BACKOFF_ENV)
+    if raw is None:
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{LLM_BACKOFF_ENV}={raw!r}: expected seconds, e.g. 0.5") from None
+    if not value >= 0:
+        raise ValueError(f"{LLM_BACKOFF_ENV}={raw!r}: expected seconds >= 0")
+    return value
+
+
 def make_rewriter(cfg: RunConfig):
     from .rewriters.recipe_rewriter import RecipeRewriter
 
@@ -29,7 +48,7 @@ def make_rewriter(cfg: RunConfig):
         return RecipeRewriter()
     from .rewriters.llm import LLMRewriter  # issue 5
 
-    llm = LLMRewriter(model=cfg.llm_model, base_url=cfg.llm_base_url)
+    llm = LLMRewriter(model=cfg.llm_model, base_url=cfg.llm_base_url, backoff_s=llm_backoff_s())
     if cfg.agent == "llm+recipes":
         from .rewriters.llm import WithFallback
 
@@ -38,6 +57,8 @@ def make_rewriter(cfg: RunConfig):
 
 
 def start_run(cfg: RunConfig, runs_root: Path, reporter=None) -> Path:
+    if cfg.agent != "recipes":
+        llm_backoff_s()  # a bad setting is a usage error before any run folder exists
     paths = RunPaths(runs_root / cfg.run_id)
     paths.root.mkdir(parents=True, exist_ok=False)
     paths.config.write_text(cfg.model_dump_json(indent=1))

@@ -82,7 +82,10 @@ class EndToEnd(_Strict):
     final_vs_compiled_port: Comparison | None = None
     compiled_port_vs_port: Comparison | None = None
     min_effect: float | None = Field(None, description="the bar final_vs_port was judged at: the run's (A/A-raised) one")
-    problems: list[str] = Field(default_factory=list, description="rounds dropped because a run failed")
+    problems: list[str] = Field(default_factory=list, description="rounds dropped and measured again: a run "
+                                                                  "failed, or the round was outlier-contaminated")
+    outlier_rule: str | None = Field(None, description="the rule that drops an outlier-contaminated round; "
+                                                       "absent in older ledgers")
     note: str = Field("", description="e.g. why nothing was measured (dry run)")
 
 
@@ -211,7 +214,10 @@ class CandidateMeasured(_Event):
     comparison: Comparison
     note: str = ""
     aa_note: str = Field("", description="what the A/A calibration says about this decision's noise floor")
-    problems: list[str] = Field(default_factory=list, description="timing runs that failed")
+    problems: list[str] = Field(default_factory=list, description="timing rounds dropped and measured again: a "
+                                                                  "failed run, or a ratio outlier-contaminated")
+    outlier_rule: str | None = Field(None, description="the rule that drops an outlier-contaminated round "
+                                                       "(measure.outliers.OUTLIER_RULE); absent in older ledgers")
     prediction: PredictionCheck | None = Field(None, description="the hypothesis' predicted saving beside the "
                                                                  "measured one; `far` flags a miss past the interval")
 

@@ -8,7 +8,9 @@ failure listed: run k of every arm then always comes from round k, which is what
 interval in `measure.statistics.compare` assumes of equal-length arms. Dropping a lone run
 instead would pair run k of one arm with run k+1 of another. A dropped round is measured
 again (`MAX_REPLACED_ROUNDS`), so a broken pair is remeasured rather than leaving the session
-short: a look of a sequential plan keeps the size the plan assumes.
+short: a look of a sequential plan keeps the size the plan assumes. A kept round whose ratio is
+far from every other round of its full session (`measure.outliers`) is dropped and replaced the
+same way: a broken pair is remeasured, never averaged into the interval.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pydantic import BaseModel, Field
 from ..harness.lockstep import run_lockstep
 from ..harness.models import RunResult
 from ..harness.runner import prepare_run, run_workload
+from .outliers import contaminated_rounds
 
 RunArm = Callable[[], RunResult]
 """One process of one arm: runs the arm's program once and returns the harness result."""
@@ -55,7 +58,8 @@ class TimingSession(BaseModel):
     settle_ms: dict[str, list[list[float]]] = Field(
         default_factory=dict, description="lockstep only: per arm and kept round, how long the arm took to stop "
                                           "running after each step before the other arm was released")
-    problems: list[str] = Field(default_factory=list, description="one line per dropped round: which run failed")
+    problems: list[str] = Field(default_factory=list, description="one line per dropped round: which run failed, "
+                                                                  "or why its ratio was outlier-contaminated")
     violation: str | None = Field(None, description="a round's results failed the session's check: the session "
                                                     "stopped there, and the runs must not be believed")
 
@@ -66,6 +70,22 @@ class TimingSession(BaseModel):
     def pair(self, a: str, b: str) -> tuple[list[list[float]], list[list[float]]]:
         """Arms a and b, run k of each from round k."""
         return self.runs_ms[a], self.runs_ms[b]
+
+
+def drop_contaminated(kept: dict[str, list[list[float]]], rounds: int, problems: list[str],
+                      settle: dict[str, list[list[float]]] | None = None) -> None:
+    """Once the session holds all its rounds, drop the outlier-contaminated ones (in place, every
+    arm alike, so run k of each arm still comes from one round); the loop then measures
+    replacements while its budget lasts."""
+    first = next(iter(kept))
+    if len(kept[first]) < rounds:
+        return
+    for k, why in sorted(contaminated_rounds(kept).items(), reverse=True):
+        problems.append(f"kept round {k + 1} of {len(kept[first])} dropped as outlier-contaminated: {why}")
+        for table in (kept, settle or {}):
+            for runs in table.values():
+                if k < len(runs):
+                    del runs[k]
 
 
 def round_order(arms: list[str], round_index: int) -> list[str]:
@@ -121,6 +141,7 @@ def interleave(arms: dict[str, RunArm], rounds: int, *, on_run: Callable[[str, i
             break
         for arm in names:
             kept[arm].append(list(got[arm].measured_ms))
+        drop_contaminated(kept, rounds, problems)
     return TimingSession(arms=names, rounds_planned=rounds, runs_ms=kept, orders=orders, problems=problems,
                          violation=violation)
 
@@ -192,5 +213,6 @@ def lockstep_session(workload, target: str, programs: dict[str, dict[str, str]],
         for a in names:
             kept[a].append(list(ls.results[a].measured_ms))
             settle[a].append(ls.settle_ms.get(a, []))
+        drop_contaminated(kept, rounds, problems, settle)
     return TimingSession(arms=names, scheme="lockstep", rounds_planned=rounds, runs_ms=kept, orders=orders,
                          problems=problems, violation=violation, settle_ms=settle)

@@ -137,7 +137,8 @@ _SPECS = (
         }),
     PatternSpec(
         name="swiglu", title="SiLU gating fused in one GPU kernel", gap_class="fusion", level="L2",
-        eager_ops=("aten::silu", "aten::mul", "aten::silu_backward"), removable_share=0.3,
+        eager_ops=("aten::silu", "aten::mul", "aten::silu_backward", "aten::sigmoid", "aten::sigmoid_backward"),
+        removable_share=0.3,
         signature_ops=frozenset({"silu", "sigmoid", "exp", "neg", "split", "chunk"}),
         target_ops={
             "npu": (T(api="torch_npu.npu_swiglu(x, dim=-1)", level="L2", note="input is cat([a, b]); has backward"),),

@@ -28,7 +28,7 @@ from ...pysource.shapes import call_name, method_receiver, positional, strip_par
 from ...pysource.syntax import code
 from .expr_engine import Env
 
-FUNCTIONS = {"tanh", "erf", "pow", "sqrt", "rsqrt", "exp", "mean", "var", "square", "abs", "sum"}
+FUNCTIONS = {"tanh", "erf", "sigmoid", "pow", "sqrt", "rsqrt", "exp", "mean", "var", "square", "abs", "sum"}
 CASTS = {"float", "type_as", "to", "double", "bfloat16", "half"}
 CONSTANTS = {"math.pi": "math.pi", "torch.pi": "math.pi", "np.pi": "math.pi", "numpy.pi": "math.pi",
              "math.e": "math.e"}
@@ -48,17 +48,17 @@ class Operand:
     refs: list[Ref] = field(default_factory=list)
 
 
-def _literal(node) -> str | None:
+def literal_text(node) -> str | None:
     """A keyword argument's value when it is a literal (number, True/False/None, tuple of them)."""
     n = strip_parens(node)
     if isinstance(n, (cst.Integer, cst.Float)):
         return n.value
-    if isinstance(n, cst.UnaryOperation) and isinstance(n.operator, cst.Minus) and _literal(n.expression):
-        return f"-{_literal(n.expression)}"
+    if isinstance(n, cst.UnaryOperation) and isinstance(n.operator, cst.Minus) and literal_text(n.expression):
+        return f"-{literal_text(n.expression)}"
     if isinstance(n, cst.Name) and n.value in ("True", "False", "None"):
         return n.value
     if isinstance(n, (cst.Tuple, cst.List)):
-        parts = [_literal(e.value) for e in n.elements]
+        parts = [literal_text(e.value) for e in n.elements]
         return None if any(p is None for p in parts) else f"({', '.join(parts)},)"
     return None
 
@@ -107,7 +107,7 @@ class Arithmetic:
         keywords = []
         for a in n.args:
             if a.keyword is not None:
-                value = _literal(a.value)
+                value = literal_text(a.value)
                 if value is None:
                     raise NotArithmetic(f"{code(n)}: keyword {a.keyword.value} is not a literal")
                 keywords.append(f"{a.keyword.value}={value}")
@@ -116,7 +116,7 @@ class Arithmetic:
         first = self.source(ref.with_node(args[0]), depth + 1)
         rest = []
         for a in args[1:]:  # a dim or an exponent: a literal, or arithmetic (pow's exponent)
-            rest.append(_literal(a) or self.source(ref.with_node(a), depth + 1))
+            rest.append(literal_text(a) or self.source(ref.with_node(a), depth + 1))
         return f"_{name}({', '.join([first, *rest, *keywords])})"
 
     def _operand(self, ref: Ref) -> str:
@@ -179,6 +179,7 @@ def _as_tensor(v):
 _NAMESPACE = {
     "math": math,
     "_tanh": lambda v: torch.tanh(_as_tensor(v)), "_erf": lambda v: torch.erf(_as_tensor(v)),
+    "_sigmoid": lambda v: torch.sigmoid(_as_tensor(v)),
     "_exp": lambda v: torch.exp(_as_tensor(v)), "_sqrt": lambda v: torch.sqrt(_as_tensor(v)),
     "_rsqrt": lambda v: torch.rsqrt(_as_tensor(v)), "_abs": lambda v: torch.abs(_as_tensor(v)),
     "_square": lambda v: torch.square(_as_tensor(v)),

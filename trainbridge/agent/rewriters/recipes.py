@@ -13,7 +13,7 @@ Public API
 `RECIPES` (name -> Recipe), `recipes_for(pattern, target)`.
 
 Each family lives in its own module (`recipes_runtime`, `recipes_norm`, `recipes_rotary`,
-`recipes_attention`, `recipes_mlp`, `recipes_optim`, `recipes_sync`, `recipes_compile`);
+`recipes_attention`, `recipes_mlp`, `recipes_glu`, `recipes_optim`, `recipes_sync`, `recipes_compile`);
 their docstrings give the recognised forms, the math, the measurements behind the choices
 and the caveats.
 """
@@ -26,6 +26,7 @@ from .recipe_base import NotApplicable, Recipe, RewriteProposal, Site
 from .recipes_attention import AttentionRecipe
 from .recipes_compile import CompileRegionRecipe, SoftcapCrossEntropyRecipe
 from .recipes_gelu import GeluRecipe
+from .recipes_glu import GatedUnitRecipe
 from .recipes_layer_norm import LayerNormRecipe
 from .recipes_mlp import Relu2Recipe
 from .recipes_norm import RmsNormRecipe
@@ -108,6 +109,18 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         "replace a hand-written GELU (tanh or erf form, recognised by its values) by the fused GELU operator "
         "(F.gelu / npu_gelu)",
         ops_removed=["aten::tanh", "aten::erf", "aten::pow"]),
+    GatedUnitRecipe(
+        "swiglu_fused", "swiglu", "L2", "fusion", set(_ALL),
+        "compute a SiLU-gated unit silu(a) * b as the fused operator (npu_swiglu on npu; a hand-written SiLU "
+        "as F.silu on cpu/cuda, where torch has no fused gated unit)",
+        levels={"cpu": "L3", "cuda": "L3"}, activation="silu",
+        ops_removed=["aten::sigmoid", "aten::silu", "aten::mul", "aten::sigmoid_backward", "aten::silu_backward"]),
+    GatedUnitRecipe(
+        "geglu_fused", "gelu", "L2", "fusion", {"npu"},
+        "compute a GELU-gated unit gelu(a) * b as the fused operator (npu_geglu)", activation="gelu",
+        unsupported={"cpu": "torch has no fused GELU-gated unit (gelu_fused fuses a hand-written GELU)",
+                     "cuda": "torch has no fused GELU-gated unit (gelu_fused fuses a hand-written GELU)"},
+        ops_removed=["aten::gelu", "aten::gelu_backward"]),
     FusedOptimizerRecipe(
         "fused_optimizer", "optimizer_update", "L2", "fusion", set(_ALL),
         "update all parameters of a torch.optim Adam/AdamW/SGD in one fused kernel (fused=True / NpuFused*)",

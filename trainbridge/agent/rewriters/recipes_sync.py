@@ -99,6 +99,7 @@ class HostSyncRecipe(Recipe):
                 counter = _loop_counter(loop)
                 body = list(loop.body.body)
                 after = _after_loop_reads(fi.node, loop)
+                guarded: set[int] = set()  # log statements an earlier read's plan already guards
                 for i, s in enumerate(body):
                     got = _item_read(s)
                     if got is not None:
@@ -124,11 +125,14 @@ class HostSyncRecipe(Recipe):
                                 misses.append(f"{where}: the loop has no step counter to guard the log with")
                                 continue
                             plans.append((fi, _Plan(loop, counter, "guard", s, [x for _, x in uses], name=name), s))
+                            guarded |= {id(x) for _, x in uses}
                         elif len(uses) == 1 and isinstance(uses[0][1], cst.If) and _only_logs_read(uses[0][1], name):
                             plans.append((fi, _Plan(loop, counter, "move", s, [uses[0][1]], name=name), s))
                         else:
                             misses.append(f"{where}: {name} feeds something other than a log line")
-                    elif _is_log_stmt(s) and _has_item(s):
+                    elif _is_log_stmt(s) and _has_item(s) and id(s) not in guarded:
+                        # (a log line that also reads a value guarded above is guarded once, by that
+                        # read's plan: a second plan would replace the same statement without the read)
                         if counter is None:
                             misses.append(f"{rel}:{pos.line(s)} {fi.qualname}: the loop has no step counter")
                             continue
