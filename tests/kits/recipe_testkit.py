@@ -128,8 +128,12 @@ def standin_torch_npu() -> types.ModuleType:
             raise ValueError("npu_rotary_mul: r1/r2 must be full width")
         if not (r1.dtype == r2.dtype == input.dtype):
             raise TypeError("npu_rotary_mul: r1/r2 must have the input's dtype")
-        x1, x2 = input.chunk(2, dim=-1)
-        rot = torch.cat([-x2, x1], dim=-1)
+        if rotary_mode == "interleave":  # pairs (x[2j], x[2j+1]) -> (-x[2j+1], x[2j])
+            pairs = input.unflatten(-1, (-1, 2))
+            rot = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+        else:
+            x1, x2 = input.chunk(2, dim=-1)
+            rot = torch.cat([-x2, x1], dim=-1)
         return input * r1 + rot * r2
 
     def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,

@@ -75,6 +75,17 @@ class RunContext:
                 found = e
         return found
 
+    def logged_once(self, kind):
+        """The run's last event of a once-per-run kind (port, baseline, evidence), if an
+        interrupted earlier attempt wrote it: a kill between the event and the node's checkpoint
+        resumes into the node again, which returns what it returned then instead of redoing
+        the work and logging it twice."""
+        found = None
+        for e in self.ledger.events():
+            if isinstance(e, kind):
+                found = e
+        return found
+
     def history(self) -> list[str]:
         """What was tried before and why it was rejected (for a model's prompt)."""
         return [f"{c.candidate_id} ({c.pattern}, {c.level}): {c.decision}: {c.reason[:200]}"

@@ -50,6 +50,11 @@ def port(state: RunState, runtime: Rt) -> dict:
     ctx = runtime.context
     cfg = ctx.cfg
     ctx.report("port")
+    done = ctx.logged_once(ev.PortApplied)
+    if done is not None:
+        if done.blockers:
+            raise PortBlocked(f"the port to {cfg.target} cannot make this program run: " + "; ".join(done.blockers))
+        return {"phase": "baseline", "incumbent_dir": str(ctx.paths.baseline_dir), "incumbent_id": "port"}
     ported = port_workload(ctx.workload, cfg.target)
     files = ported.files
     write_program(ctx.paths.baseline_dir, files)
@@ -67,6 +72,10 @@ def baseline(state: RunState, runtime: Rt) -> dict:
     """Reference losses, A/A-calibrated timing of the port, and its profile."""
     ctx = runtime.context
     cfg = ctx.cfg
+    done = ctx.logged_once(ev.BaselineMeasured)
+    if done is not None:
+        return {"phase": "collect", "baseline_median_ms": done.median_ms,
+                "min_effect": done.min_effect if done.min_effect is not None else cfg.min_effect}
     files = read_program(ctx.paths.baseline_dir)
     out = ctx.paths.harness_dir
     ctx.report("baseline", detail="reference run")
@@ -153,6 +162,8 @@ def collect(state: RunState, runtime: Rt) -> dict:
     ctx = runtime.context
     cfg = ctx.cfg
     ctx.report("collect")
+    if ctx.logged_once(ev.EvidenceLoaded) is not None:
+        return {"phase": "plan"}
     note, error, n_intents = "", None, 0
     source = "file" if cfg.evidence else ("collected" if cfg.collect else "skipped")
     try:

@@ -95,12 +95,15 @@ _SPECS = (
     PatternSpec(
         name="rotary", title="rotary embedding (slice / neg / cat / mul / add) fused in one GPU kernel",
         gap_class="fusion", level="L2",
-        eager_ops=("aten::mul", "aten::cat", "aten::neg", "aten::add", "aten::sub", "aten::slice"), removable_share=0.4,
+        eager_ops=("aten::mul", "aten::cat", "aten::neg", "aten::add", "aten::sub", "aten::slice",
+                   "aten::view_as_complex", "aten::view_as_real"), removable_share=0.4,
         signature_ops=frozenset({"cat", "neg", "slice", "split", "sub", "view_as_complex"}),
         target_ops={
             "npu": (T(api="torch_npu.npu_rotary_mul(x, cos, sin, rotary_mode='half')", level="L2",
                       note="4-D input (BSND/BNSD), D even and < 896; precompute cos/sin expanded to both halves; "
-                           "has backward"),),
+                           "has backward"),
+                    T(api="torch_npu.npu_rotary_mul(x, cos, sin, rotary_mode='interleave')", level="L2",
+                      note="complex (view_as_complex) rotary of interleaved pairs: cos/sin each repeated twice")),
             "cpu": (T(api="torch.compile(apply_rotary)", level="L4", note="no native rotary op"),
                     T(api="precompute cos/sin once, rotate with one cat", level="L3")),
             "cuda": (T(api="torch.compile(apply_rotary)", level="L4"),),

@@ -170,7 +170,8 @@ _PURE_CALLS = {"pow", "square", "mean", "sum", "rsqrt", "sqrt", "size", "float",
                "half", "triu", "tril", "ones", "zeros", "ones_like", "zeros_like", "outer", "cos", "sin",
                "exp", "log", "clamp", "abs", "expand", "unsqueeze", "squeeze", "permute", "roll", "flip",
                ITEM, "float32", "type", "masked_fill_", "where", "baddbmm", "empty", "empty_like", "full",
-               "full_like", "finfo", "einsum"}
+               "full_like", "finfo", "einsum", "view_as_complex", "view_as_real", "flatten", "sigmoid", "silu",
+               "gelu", "erf"}
 
 
 def _has_effects(node) -> bool:

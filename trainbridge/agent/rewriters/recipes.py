@@ -13,7 +13,7 @@ Public API
 `RECIPES` (name -> Recipe), `recipes_for(pattern, target)`.
 
 Each family lives in its own module (`recipes_runtime`, `recipes_norm`, `recipes_rotary`,
-`recipes_attention`, `recipes_mlp`, `recipes_glu`, `recipes_optim`, `recipes_sync`, `recipes_compile`);
+`recipes_rotary_complex`, `recipes_attention`, `recipes_mlp`, `recipes_glu`, `recipes_optim`, `recipes_sync`, `recipes_compile`);
 their docstrings give the recognised forms, the math, the measurements behind the choices
 and the caveats.
 """
@@ -33,6 +33,7 @@ from .recipes_norm import RmsNormRecipe
 from .recipes_optim import FusedOptimizerRecipe
 from .recipes_precision import Fp32WhereBf16IsSlowRecipe
 from .recipes_rotary import RotaryRecipe
+from .recipes_rotary_complex import ComplexRotaryRecipe
 from .recipes_runtime import (
     AutocastRecipe,
     EnvKnobRecipe,
@@ -90,6 +91,13 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         "instead of slices, four multiplies and a cat on cpu/cuda)",
         levels={"cpu": "L3", "cuda": "L3"},
         ops_removed=["aten::slice", "aten::mul", "aten::mul", "aten::add", "aten::neg", "aten::cat"]),
+    ComplexRotaryRecipe(
+        "rotary_complex_fused", "rotary", "L2", "fusion", {"npu"},
+        "compute complex-number rotary embeddings (view_as_complex(x) * freqs) as npu_rotary_mul in its "
+        "'interleave' mode",
+        unsupported={"cpu": "the complex product is one kernel between two free views: nothing to fuse",
+                     "cuda": "the complex product is one kernel between two free views: nothing to fuse"},
+        ops_removed=["aten::mul", "aten::view_as_complex", "aten::view_as_real"]),
     AttentionRecipe(
         "sdpa_attention", "attention", "L2", "fusion", set(_ALL),
         "replace hand-written softmax attention (causal, masked or full) by the fused attention operator "
