@@ -7,7 +7,8 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 from trainbridge.agent.candidate import Candidate, Stage
-from trainbridge.agent.graph import UndeclaredStateKey, _after_decide, _after_validate, _declared_keys_only
+from trainbridge.agent.graph import (UndeclaredStateKey, _after_decide, _after_measure, _after_validate,
+                                     _declared_keys_only)
 from trainbridge.agent.nodes import NODES
 from trainbridge.agent.planner import PlanItem
 from trainbridge.agent.state import RunState
@@ -74,3 +75,7 @@ def test_routers_read_the_stage():
     assert _after_validate(state(Stage.VALIDATED)) == "measure"
     assert _after_validate({"current": None}) == "plan"
     assert _after_decide(state(Stage.REPAIR)) == "rewrite" and _after_decide({"current": None}) == "plan"
+    # a candidate the clock itself rejected (timing runs failed, a timed run that did other work):
+    # the run went on to decide with no candidate and crashed (cifar_resnet, 2026-12-07)
+    assert _after_measure({"current": None}) == "plan"
+    assert _after_measure(state(Stage.MEASURED)) == "decide" and _after_measure(state(Stage.REPAIR)) == "rewrite"

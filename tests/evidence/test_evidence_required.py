@@ -64,6 +64,11 @@ def test_readme_command_from_the_repository_root_collects_and_plans_with_evidenc
     assert not list(run_dir.glob("**/programs/*/runs")), "a child wrote under its own folder"
     assert f"GPU evidence: {len(intent_ids)} intents" in (run_dir / "report.md").read_text()
     assert f"GPU evidence: {len(intent_ids)} intents" in proc.stdout
+    # one candidate: the other patterns' intents are listed as not taken up, each with why
+    fin = next(e for e in events if isinstance(e, ev.RunFinished))
+    assert fin.unrealised_intents and {u.intent_id for u in fin.unrealised_intents} <= intent_ids
+    assert all(u.reason for u in fin.unrealised_intents)
+    assert "## GPU intents no candidate took up" in (run_dir / "report.md").read_text()
 
 
 def test_request_refuses_relative_paths_across_the_process_boundary():

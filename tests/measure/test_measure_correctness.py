@@ -218,3 +218,39 @@ def test_candidate_that_raises_is_a_verdict():
         raise RuntimeError("kernel launch failed")
     v = lab_check(ref_rms, broken, inputs())
     assert not v.passed and "RuntimeError: kernel launch failed" in v.reason
+
+
+# ---------------------------------------------------------------- long low-precision runs ----
+def _walk(n=53, seed=0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return list(2.3 * np.exp(-0.01 * np.arange(n)) * np.exp(rng.normal(0, 0.03, n)))
+
+
+def test_a_bf16_run_that_wanders_step_by_step_passes_as_window_means():
+    """cifar_resnet's bf16 autocast against its fp32 port, 53 timed steps: one step 6.1% off, the
+    rest within ~3%; 6-step window means within 2.2%. Per step it failed at step 17."""
+    import numpy as np
+
+    from trainbridge.measure.correctness import compare_loss_windows
+
+    base = _walk()
+    rng = np.random.default_rng(1)
+    cand = [b * (1 + rng.normal(0, 0.012)) for b in base]
+    cand[16] = base[16] * 0.939  # the one step 6.1% off
+    per_step = compare_losses(base, cand, rtol_fp32=1e-3, rtol_low_precision=0.045, low_precision=True, steps=53)
+    assert not per_step.passed and "step 17" in per_step.reason
+    windows = compare_loss_windows(base, cand, window=6, rtol=0.045)
+    assert windows.passed, windows.reason
+
+
+def test_a_change_of_the_math_after_the_validated_steps_moves_every_window():
+    from trainbridge.measure.correctness import compare_loss_windows
+
+    base = _walk()
+    cand = base[:6] + [b * 0.94 for b in base[6:]]  # from step 7 on, a term dropped: 6% lower
+    got = compare_loss_windows(base, cand, window=6, rtol=0.045)
+    assert not got.passed and "rel diff 6.00e-02" in got.reason
+    nan = base[:20] + [float("nan")] + base[21:]
+    assert "step 21" in compare_loss_windows(base, nan, window=6, rtol=0.045).reason

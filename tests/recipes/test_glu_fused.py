@@ -120,6 +120,7 @@ def test_npu_geglu_keeps_the_programs_form_and_half(form, npu):
 
 NEAR_MISSES = {
     "a_scale_not_a_gate": "return F.silu(self.w1(x)) * 2.0",
+    "a_parameter_scale_not_a_gate": "return F.silu(self.w1(x)) * self.w1.bias",
     "gated_by_its_own_input": "h = self.w1(x)\nreturn F.silu(h) * h",
     "sigmoid_gating_is_glu_not_swiglu": "return torch.sigmoid(self.w1(x)) * self.w3(x)",
     "silu_of_the_second_half_times_the_first": "h = self.w12(x)\na, b = h.chunk(2, dim=-1)\nreturn a * F.silu(b)",

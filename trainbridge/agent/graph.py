@@ -61,6 +61,15 @@ def _after_validate(state: RunState) -> Literal["measure", "rewrite", "plan", "d
     return "decide" if stage == Stage.VALIDATED_DRY_RUN else "measure"
 
 
+def _after_measure(state: RunState) -> Literal["decide", "rewrite", "plan"]:
+    """The clock's own rejections (every timing run failed, a timed run that did other work than
+    validation saw) are decided in measure: nothing is left for decide then."""
+    stage = _stage(state)
+    if stage is None:
+        return "plan"
+    return "rewrite" if stage == Stage.REPAIR else "decide"
+
+
 def _after_decide(state: RunState) -> Literal["rewrite", "plan"]:
     return "rewrite" if _stage(state) == Stage.REPAIR else "plan"
 
@@ -83,7 +92,7 @@ def build_graph(checkpointer=None):
     g.add_conditional_edges("plan", _after_plan)
     g.add_conditional_edges("rewrite", _after_rewrite)
     g.add_conditional_edges("validate", _after_validate)
-    g.add_edge("measure", "decide")
+    g.add_conditional_edges("measure", _after_measure)
     g.add_conditional_edges("decide", _after_decide)
     g.add_edge("report", END)
     return g.compile(checkpointer=checkpointer)

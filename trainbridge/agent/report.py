@@ -15,6 +15,7 @@ from ..measure.acceptance import judge
 from ..measure.outliers import OUTLIER_RULE
 from ..measure.timing import interleave, lockstep_session, program_arm
 from .context import RunContext
+from .coverage import unrealised_intents
 from .programs import read_program, unified_diff, write_program
 from .state import RunState
 
@@ -69,6 +70,9 @@ def final_report(ctx: RunContext, state: RunState) -> dict:
     (paths.root / "end_to_end.json").write_text(json.dumps(e2e, indent=1))
     fvp = e2e.get("final_vs_port") or {}
     fvc = e2e.get("final_vs_compiled_port")
+    proposed = [e for e in ctx.ledger.events() if isinstance(e, ev.CandidateProposed)]
+    unrealised = unrealised_intents(ctx.intents(), proposed, port, cfg.target, done_reason=state.get("done_reason", ""),
+                                    dry_run=cfg.dry_run, protected=ctx.workload.manifest.protected)
     cvp = e2e.get("compiled_port_vs_port")
     ctx.ledger.append(ev.RunFinished(
         run_id=cfg.run_id, time_utc=ev.utc_now(), final_speedup=fvp.get("speedup"),
@@ -76,6 +80,7 @@ def final_report(ctx: RunContext, state: RunState) -> dict:
         compiled_port_speedup=(cvp or {}).get("speedup"), final_vs_compiled=(fvc or {}).get("speedup"),
         accepted=state.get("accepted", []), rejected=state.get("rejected", []),
         done_reason=state.get("done_reason", ""), report_path=str(paths.report), end_to_end=e2e,
+        unrealised_intents=unrealised,
     ))
     from ..ledger.report import write_report_md
     from ..ledger.report_html import write_report_html

@@ -233,6 +233,17 @@ class CandidateDecided(_Event):
     rule: str | None = Field(None, description="the acceptance rule that decided (measure.acceptance.Rule)")
 
 
+class UnrealisedIntent(_Strict):
+    """A GPU intent that no candidate of the run took up, and why: what the loop missed, for a
+    reader (and for a hand change or `--agent llm`) to pick up."""
+
+    intent_id: str
+    pattern: str
+    spans: list[str] = Field(default_factory=list, description="the intent's source lines, file:first-last")
+    reason: str = Field(..., description="no recipe for the pattern (on this target), no recipe recognised the "
+                                         "code at those lines, or a recipe matched but the budget ended first")
+
+
 class RunFinished(_Event):
     event: Literal["run_finished"] = "run_finished"
     final_speedup: float | None
@@ -244,6 +255,8 @@ class RunFinished(_Event):
     done_reason: str = ""
     report_path: str | None = None
     end_to_end: EndToEnd = Field(default_factory=EndToEnd)
+    unrealised_intents: list[UnrealisedIntent] = Field(
+        default_factory=list, description="GPU intents no candidate took up, each with why (empty in older ledgers)")
 
 
 class VerifyResult(_Event):

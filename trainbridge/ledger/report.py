@@ -88,6 +88,10 @@ def write_report_md(run_dir: Path, ledger: Ledger) -> Path:
                   f"- loop ended: {fin.done_reason}",
                   *[f"- dropped round: {p}" for p in e2e.problems], "",
                   "Final program: `final/` (diffs `final/vs_port.diff`, `final/vs_original.diff`).", ""]
+        if fin.unrealised_intents:
+            lines += ["## GPU intents no candidate took up", "",
+                      *[f"- `{u.intent_id}` ({u.pattern}{', ' + ', '.join(u.spans) if u.spans else ''}): {u.reason}"
+                        for u in fin.unrealised_intents], ""]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
     return path

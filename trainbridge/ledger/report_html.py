@@ -307,6 +307,11 @@ def write_report_html(run_dir: Path, ledger: Ledger) -> Path:
     for cid in order:
         out.append(_card(run_dir, cid, proposed.get(cid), validated.get(cid), measured.get(cid), decided[cid],
                          intents, baseline_losses))
+    if fin is not None and fin.unrealised_intents:
+        out.append(f"<h2>GPU intents no candidate took up ({len(fin.unrealised_intents)})</h2><ul>")
+        out += [f"<li><code>{_e(u.intent_id)}</code> ({_e(u.pattern)}{_e(', ' + ', '.join(u.spans)) if u.spans else ''})"
+                f": {_e(u.reason)}</li>" for u in fin.unrealised_intents]
+        out.append("</ul>")
     out += ["<h2>The port</h2>", _port_section(port), "<h2>Machine</h2>", _machine(started, base),
             "<p class='muted'>Written from ledger.jsonl; `trainbridge ledger show` prints the same decisions.</p>",
             "</body></html>"]

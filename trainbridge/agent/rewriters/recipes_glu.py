@@ -147,8 +147,9 @@ class GatedUnitRecipe(ExprRecipe):
                 continue
             name, a_ref, by_hand = found
             b_ref = here.with_node(value)
-            if literal_text(value) is not None or env.scope.same(a_ref, b_ref):
-                continue  # a scale, or the gate's own operand (silu(a) * a is not a gated unit)
+            if literal_text(value) is not None or isinstance(strip_parens(value), cst.Attribute) \
+                    or env.scope.same(a_ref, b_ref):
+                continue  # a scale (a number, a parameter), or the gate's own operand: not a gated unit
             return self._npu_call(node, env, name, a_ref, b_ref, used, by_hand)
         return None
 
