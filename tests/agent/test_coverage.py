@@ -58,3 +58,24 @@ def test_a_pattern_a_candidate_took_up_is_not_listed_whatever_its_intent():
     proposed = [SimpleNamespace(intent_id=None, pattern="gelu"), SimpleNamespace(intent_id=None, pattern="attention")]
     got = unrealised_intents(INTENTS[:2], proposed, {"m.py": PROGRAM}, "cpu")
     assert got == []
+
+
+def test_a_recipe_site_just_past_the_fused_lines_in_the_same_function_counts_as_theirs():
+    """nanogpt: the evidence's attention is `att = ...` and `att.softmax` (lines 299-300), the
+    recipe's site the statement it replaces, `y = att @ v` (301): one site, budget-ended."""
+    src = textwrap.dedent("""
+        import math
+        import torch
+
+
+        def attend(q, k, v):
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.softmax(dim=-1)
+            y = att @ v
+            return y
+    """)
+    first = next(i + 1 for i, line in enumerate(src.splitlines()) if "att = (q" in line)
+    intent = {"id": "attention@m.py", "pattern": "attention",
+              "spans": [{"file": "m.py", "start_line": first, "end_line": first + 1, "function": "attend"}]}
+    (got,) = unrealised_intents([intent], [], {"m.py": src}, "cpu", done_reason="candidate budget (1) used")
+    assert got.reason == "sdpa_attention matches these lines but was not tried: candidate budget (1) used", got

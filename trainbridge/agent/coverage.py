@@ -21,13 +21,28 @@ from ..patterns import PATTERNS
 from ..workload import ProtectedRegion
 
 
-def _spans(intent: dict) -> list[tuple[str, int, int]]:
-    return [(s.get("file", ""), int(s.get("start_line", 0)), int(s.get("end_line", s.get("start_line", 0))))
-            for s in intent.get("spans") or []]
+NEARBY_LINES = 10
+"""A recipe reports the statement it replaces (`y = att @ v`), the evidence the lines whose
+operators Inductor fused (`att = q @ k.T ...`, `att.softmax(-1)`): in the same function and
+this close, they are one site."""
 
 
-def _overlaps(site, spans: list[tuple[str, int, int]]) -> bool:
-    return any(site.file == f and site.line <= b and a <= (site.end_line or site.line) for f, a, b in spans)
+def _spans(intent: dict) -> list[tuple[str, int, int, str]]:
+    return [(s.get("file", ""), int(s.get("start_line", 0)), int(s.get("end_line", s.get("start_line", 0))),
+             (s.get("function") or "").split(".")[-1]) for s in intent.get("spans") or []]
+
+
+def _overlaps(site, spans: list[tuple[str, int, int, str]]) -> bool:
+    end = site.end_line or site.line
+    for f, a, b, function in spans:
+        if site.file != f:
+            continue
+        if site.line <= b and a <= end:
+            return True
+        near = site.line - b <= NEARBY_LINES and a - end <= NEARBY_LINES
+        if near and function and site.qualname.split(".")[-1] == function:
+            return True
+    return False
 
 
 def unrealised_intents(intents: list[dict], proposed: list[ev.CandidateProposed], files: dict[str, str],
@@ -44,7 +59,7 @@ def unrealised_intents(intents: list[dict], proposed: list[ev.CandidateProposed]
         if intent.get("id") in taken_ids or pattern in taken_patterns or pattern in ("other", ""):
             continue
         spans = _spans(intent)
-        where = [f"{f}:{a}" + (f"-{b}" if b != a else "") for f, a, b in spans]
+        where = [f"{f}:{a}" + (f"-{b}" if b != a else "") for f, a, b, _ in spans]
         recipes = [r for r in RECIPES.values() if r.pattern == pattern]
         usable = [r for r in recipes if target in r.targets and not (dry_run and not r.dry_run_checkable)]
         if not recipes:
