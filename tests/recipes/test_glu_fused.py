@@ -34,6 +34,18 @@ def _mlp(forward: str, init: str = _LAYERS):
     """).format(init=init, forward=textwrap.indent(textwrap.dedent(forward).strip(), " " * 8))
 
 
+def _assert_same_mlp(src: str, new: str, npu: str) -> None:
+    """The rewritten MLP, with the original's weights, gives its outputs and gradients."""
+    torch.manual_seed(0)
+    a = kit.load(src)["MLP"]()
+    with kit.fake_npu(npu):
+        b = kit.load(new)["MLP"]()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(4, 8, requires_grad=True)
+    with kit.fake_npu(npu):
+        kit.assert_close_and_aligned(_run(a, x) + kit.grads_of(a), _run(b, x) + kit.grads_of(b))
+
+
 SWIGLU = {  # name -> (forward, what the npu call reads)
     "two_projections_llama": ("return F.silu(self.w1(x)) * self.w3(x)", "torch.cat([self.w1(x), self.w3(x)], dim=-1)"),
     "chunk_of_a_local": ("""
@@ -73,14 +85,7 @@ def test_npu_swiglu_in_each_form_computes_the_same(form, npu):
     new, out = _apply("swiglu_fused", src, "npu")
     assert "torch_npu.npu_swiglu(" in new and reads in new, new
     assert "import torch_npu" in new and "silu(" not in new and "sigmoid" not in new and "exp(" not in new, new
-    torch.manual_seed(0)
-    a = kit.load(src)["MLP"]()
-    with kit.fake_npu(npu):
-        b = kit.load(new)["MLP"]()
-    b.load_state_dict(a.state_dict())
-    x = torch.randn(4, 8, requires_grad=True)
-    with kit.fake_npu(npu):
-        kit.assert_close_and_aligned(_run(a, x) + kit.grads_of(a), _run(b, x) + kit.grads_of(b))
+    _assert_same_mlp(src, new, npu)
 
 
 GEGLU = {  # name -> (forward, expected call)
@@ -108,14 +113,7 @@ def test_npu_geglu_keeps_the_programs_form_and_half(form, npu):
     src = _mlp(forward)
     new, out = _apply("geglu_fused", src, "npu")
     assert call in new and "F.gelu" not in new and "tanh(" not in new, new
-    torch.manual_seed(0)
-    a = kit.load(src)["MLP"]()
-    with kit.fake_npu(npu):
-        b = kit.load(new)["MLP"]()
-    b.load_state_dict(a.state_dict())
-    x = torch.randn(4, 8, requires_grad=True)
-    with kit.fake_npu(npu):
-        kit.assert_close_and_aligned(_run(a, x) + kit.grads_of(a), _run(b, x) + kit.grads_of(b))
+    _assert_same_mlp(src, new, npu)
 
 
 NEAR_MISSES = {
