@@ -22,11 +22,13 @@ written by the program (it found the descriptor) break it and are reported, not 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pydantic import BaseModel, Field
 
@@ -40,6 +42,22 @@ TOLERANCE_MS = 20.0
 TOLERANCE_REL = 0.10
 
 _now_ns = time.monotonic_ns  # bound at import, before any program code runs in the parent
+# A reader thread woken by a message stamps it only once it holds the GIL; while the parent's main
+# thread polls the children (memory of a process tree through psutil) that wait lasts up to one
+# switch interval, 5 ms by default: a start stamped that late shortens the step it starts.
+STAMP_SWITCH_INTERVAL_S = 0.0005
+
+
+@contextlib.contextmanager
+def prompt_stamps() -> Iterator[None]:
+    """While children are timed, the parent's threads hand the GIL over within half a millisecond,
+    so a boundary is stamped when it arrives, not when the main thread's poll yields."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, STAMP_SWITCH_INTERVAL_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 class ParentStep(BaseModel):

@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
+from .boundaries import prompt_stamps
 from .models import RunResult
 from .quiescence import CpuTime, cpu_time, wait_exited, wait_quiescent
 from .runner import _POLL_S, ChildRun, PreparedRun
@@ -230,14 +231,15 @@ def run_lockstep(arms: dict[str, PreparedRun], order: list[str]) -> LockstepResu
         for fd in gate_reads:  # the children hold their own copies
             os.close(fd)
         gate_reads = []
-        while any(c.proc.poll() is None for c in children.values()):
-            time.sleep(_POLL_S)
-            for c in children.values():
-                if c.proc.poll() is not None and c.boundaries.is_reading():
-                    c.end()  # what it forked may hold its pipe open: the other arm must not wait on it
-            if any(c.proc.poll() is None and c.check_limits(arms[n].timeout_s, arms[n].memory_limit_mb)
-                   for n, c in children.items()):
-                break  # a pair with a killed arm is no pair: end both
+        with prompt_stamps():
+            while any(c.proc.poll() is None for c in children.values()):
+                time.sleep(_POLL_S)
+                for c in children.values():
+                    if c.proc.poll() is not None and c.boundaries.is_reading():
+                        c.end()  # what it forked may hold its pipe open: the other arm must not wait on it
+                if any(c.proc.poll() is None and c.check_limits(arms[n].timeout_s, arms[n].memory_limit_mb)
+                       for n, c in children.items()):
+                    break  # a pair with a killed arm is no pair: end both
     finally:
         for child in children.values():
             if child.proc is not None:

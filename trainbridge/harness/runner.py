@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from ..workload import Workload
-from .boundaries import BoundaryReader, apply_parent_clock
+from .boundaries import BoundaryReader, apply_parent_clock, prompt_stamps
 from .child_env import MAX_FILE_MB, child_environment, end_process_tree, limit_child, read_tail
 from .loglines import parse_log
 from .models import RunRequest, RunResult, StepRecord, TargetName
@@ -250,20 +250,27 @@ def run_request(
     child = ChildRun(req, env=env, max_file_mb=max_file_mb)
     try:
         child.start()
-        reported = 0
-        while child.proc.poll() is None:
-            time.sleep(_POLL_S)
-            if on_step is not None:
-                steps = _read_steps(Path(child.req.steps_path))
-                for s in steps[reported:]:
-                    on_step(s)
-                reported = len(steps)
-            if child.check_limits(timeout_s, memory_limit_mb):
-                break
+        with prompt_stamps():
+            _watch(child, timeout_s, memory_limit_mb, on_step)
     finally:  # a time-out, a limit, Ctrl-C or an error here: nothing the child started outlives the run
         if child.proc is not None:
             child.end()
     return child.finish(timeout_s, memory_limit_mb)
+
+
+def _watch(child: ChildRun, timeout_s: float, memory_limit_mb: float,
+           on_step: Callable[[StepRecord], None] | None) -> None:
+    """Poll the child until it ends or breaks a limit, reporting its steps as they land."""
+    reported = 0
+    while child.proc.poll() is None:
+        time.sleep(_POLL_S)
+        if on_step is not None:
+            steps = _read_steps(Path(child.req.steps_path))
+            for s in steps[reported:]:
+                on_step(s)
+            reported = len(steps)
+        if child.check_limits(timeout_s, memory_limit_mb):
+            break
 
 
 def port_sources(workload: Workload, target: TargetName) -> tuple[dict[str, str], list]:
