@@ -83,9 +83,11 @@ def _ctx(tmp_path, decisions):
         op_self_ms_per_step=45.0, outside_ops_ms_per_step=5.0, outside_ops_share=0.1, gemm_share=0.5,
         elementwise_share=0.4, communication_share=0.0, verdict="compute-bound", evidence=[],
         top_ops=[OpRow(name="aten::mm", calls_per_step=4, self_ms_per_step=20.0, share=0.4, kind="gemm")])
-    cfg = SimpleNamespace(budget_candidates=10, budget_minutes=60, target="cpu", dry_run=False, min_effect=0.02)
+    cfg = SimpleNamespace(budget_candidates=10, budget_minutes=60, target="cpu", dry_run=False, min_effect=0.02,
+                          timing_pairs=4, baseline_runs=6, compare_compile=True)
     return SimpleNamespace(
-        cfg=cfg, active_minutes=lambda: 0.0, report=lambda *a, **k: None, profile=lambda: prof,
+        cfg=cfg, active_minutes=lambda: 0.0, ledger=SimpleNamespace(events=lambda: []),
+        report=lambda *a, **k: None, profile=lambda: prof,
         intents=lambda: [], rewriter=RecipeRewriter(),
         workload=SimpleNamespace(manifest=SimpleNamespace(protected=[], editable=["m.py"])),
         decide=lambda cid, decision, reason, speed, rule: decisions.append((cid, decision)))

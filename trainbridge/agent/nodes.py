@@ -38,6 +38,7 @@ from .rewriters.base import Declined, Proposal
 from .rewriters.llm import lowers_precision
 from .rewriters.recipe_base import off_limits
 from .rewriters.recipe_rewriter import RecipeRewriter
+from . import time_budget
 from .state import RunState
 
 Rt = Runtime[RunContext]
@@ -214,6 +215,11 @@ def plan(state: RunState, runtime: Rt) -> dict:
         return {"current": None, "done_reason": f"candidate budget ({cfg.budget_candidates}) used"}
     if ctx.active_minutes() >= cfg.budget_minutes:
         return {"current": None, "done_reason": f"time budget ({cfg.budget_minutes:.0f} min) used"}
+    left = time_budget.estimate(ctx.ledger.events(), budget_min=cfg.budget_minutes, elapsed_min=ctx.active_minutes(),
+                                pairs=cfg.timing_pairs, baseline_runs=cfg.baseline_runs,
+                                with_compile=cfg.compare_compile, end_to_end=not cfg.dry_run)
+    if not left.fits_another:
+        return {"current": None, "done_reason": left.reason()}
     ctx.report("plan", candidates=n)
     files = read_program(Path(state["incumbent_dir"]))
     prof = ctx.profile()

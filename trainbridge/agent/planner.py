@@ -94,7 +94,11 @@ def predicted_saving_ms(pattern: str, profile: ProfileReport, op_estimate: list[
     spent = sum(by_name[n].self_ms_per_step for n in names if n in by_name)
     if pattern == "precision":
         spent = profile.gemm_share * profile.op_self_ms_per_step
-    if pattern in ("threads", "compile_region") or spent == 0:
+    if pattern == "compile_model":
+        # the whole model compiled: its elementwise passes fuse and Python dispatch goes
+        spent = profile.outside_ops_ms_per_step + profile.elementwise_share * profile.op_self_ms_per_step
+        fraction = 0.4
+    elif pattern in ("threads", "compile_region") or spent == 0:
         # No operator to point at: the L0/L4 mechanisms act on dispatch/outside-operator time.
         spent = profile.outside_ops_ms_per_step + 0.1 * profile.op_self_ms_per_step
         fraction = 0.2

@@ -83,7 +83,7 @@ def records_run(
     port_only: bool = typer.Option(False, "--port-only", help="port, scale and train a few real steps per record "
                                                               "(loss finite and falling); no optimization loop"),
     budget: int = typer.Option(3, min=0, help="most candidates per record"),
-    minutes: float = typer.Option(3.0, min=0.0, help="loop time budget per record, in minutes"),
+    minutes: float = typer.Option(3.0, min=0.0, help="time budget per record's run, in minutes, its end-to-end session included"),
     pairs: int = typer.Option(4, min=1, help="interleaved timing pairs per candidate and for the end-to-end figure "
                                            "(2 pairs give a paired interval with one degree of freedom)"),
     looks: int = typer.Option(3, min=1, help="timing sessions at most per candidate: an undecided one is timed again, "

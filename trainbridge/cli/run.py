@@ -32,7 +32,9 @@ def run(
     model: Optional[str] = typer.Option(None, "--model", help="LLM model name (--agent llm)"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (or OPENAI_BASE_URL)"),
     budget: int = typer.Option(10, min=0, help="most candidates to try"),
-    minutes: float = typer.Option(13.0, min=0.0, help="time budget for port + baseline + loop, in minutes (the final measurement follows)"),
+    minutes: float = typer.Option(15.0, min=0.0, help="time budget for the whole run in working minutes, its closing "
+                                                     "end-to-end session included: a candidate starts only when it "
+                                                     "and that session are expected to fit"),
     pairs: int = typer.Option(4, min=1, help="incumbent/candidate rounds per timing session (look)"),
     looks: int = typer.Option(3, min=1, help="timing sessions at most per candidate: an undecided one is timed again, "
                                       "each look at a group-sequential level (1 = one session, no second look)"),

@@ -236,6 +236,16 @@ _SPECS = (
                        note="Inductor/Triton for ONE region"),),
         }),
     PatternSpec(
+        name="compile_model", title="torch.compile of the whole model (forward, loss inside it, backward)",
+        gap_class="fusion", level="L4", removable_share=0.0,
+        target_ops={
+            "cpu": (T(api="model.compile(dynamic=False)", level="L4",
+                      note="nn.Module.compile: in place, same parameters and state_dict keys; C++ Inductor kernels"),),
+            "cuda": (T(api="model.compile(dynamic=False)", level="L4", note="Inductor/Triton for the whole model"),),
+            "npu": (T(api='model.compile(backend="npu", dynamic=False)', level="L4",
+                      note="torchair's backend, registered by torch_npu"),),
+        }),
+    PatternSpec(
         name="pointwise_chain", title="chain of elementwise ops fused in one GPU kernel", gap_class="fusion",
         level="L4", eager_ops=("aten::mul", "aten::add", "aten::div", "aten::sub"), removable_share=0.3,
         target_ops={"npu": (T(api="torch.compile(region, backend='npu')", level="L4"),), **_COMPILE}),

@@ -23,6 +23,7 @@ Pattern = Literal[
     "redundant_cast",    # casts/copies with no effect
     "threads",           # L0 runtime knobs: threads, allocator, task queue
     "compile_region",    # selective torch.compile of one region
+    "compile_model",     # torch.compile of the whole model (forward, loss inside it, backward)
     "pointwise_chain",   # other fused elementwise groups
     "other",
 ]

@@ -13,7 +13,8 @@ Public API
 `RECIPES` (name -> Recipe), `recipes_for(pattern, target)`.
 
 Each family lives in its own module (`recipes_runtime`, `recipes_norm`, `recipes_rotary`,
-`recipes_rotary_complex`, `recipes_attention`, `recipes_mlp`, `recipes_glu`, `recipes_optim`, `recipes_sync`, `recipes_compile`);
+`recipes_rotary_complex`, `recipes_attention`, `recipes_mlp`, `recipes_glu`, `recipes_optim`, `recipes_sync`, `recipes_compile`,
+`recipes_compile_model`);
 their docstrings give the recognised forms, the math, the measurements behind the choices
 and the caveats.
 """
@@ -25,6 +26,7 @@ from ...targets.registry import TARGET_NAMES
 from .recipe_base import NotApplicable, Recipe, RewriteProposal, Site
 from .recipes_attention import AttentionRecipe
 from .recipes_compile import CompileRegionRecipe, SoftcapCrossEntropyRecipe
+from .recipes_compile_model import CompileModelRecipe
 from .recipes_gelu import GeluRecipe
 from .recipes_glu import GatedUnitRecipe
 from .recipes_layer_norm import LayerNormRecipe
@@ -140,6 +142,10 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     CompileRegionRecipe(
         "compile_region", "compile_region", "L4", "fusion", set(_ALL),
         "torch.compile exactly one function (one supernode's source region)", per_site=True,
+        dry_run_checkable=False, compiled_on=set(_ALL)),  # backend="npu" (torchair) does not exist on the CPU
+    CompileModelRecipe(
+        "compile_model", "compile_model", "L4", "fusion", set(_ALL),
+        "torch.compile the whole model in place (nn.Module.compile): forward, the loss inside it, and backward",
         dry_run_checkable=False, compiled_on=set(_ALL)),  # backend="npu" (torchair) does not exist on the CPU
     SoftcapCrossEntropyRecipe(
         "softcap_ce_fused", "softcap_cross_entropy", "L4", "fusion", set(_ALL),
