@@ -16,6 +16,11 @@ points of three predictions:
 - **shipped + run**: as the loop predicts, the leave-one-out factor shrunk toward the ratios of
   the same recipe's candidates measured earlier in the same run (`measure.prediction`).
 
+compile_model (the whole model compiled) is calibrated from another source as well: every run
+whose end-to-end session timed `torch.compile` of the port against the port measured that
+mechanism once (`--compiled-ports`, default the four-workload runs' ledgers); those
+measurements enter the fitted table, not the error table (they are no candidates).
+
 It also gives Spearman's rank correlation of each prediction with the measurement (the
 planner ranks by prediction, so the order matters more than the size). `--write-defaults`
 writes the factors fitted on all candidates to `trainbridge/measure/realised_shares.json`,
@@ -43,6 +48,34 @@ from trainbridge.measure.prediction import (  # noqa: E402
     SHIPPED_PATH, Observation, ShippedShares, calibration, fit, saving_pct)
 
 DEFAULT_LEDGERS = sorted((ROOT / "benchmarks" / "results").glob("others_programs_ledgers*/*.ledger.jsonl"))
+# runs whose end-to-end session timed torch.compile of the port (the others-programs runs skip it)
+COMPILED_PORT_LEDGERS = sorted((ROOT / "benchmarks" / "results").glob("workloads_cpu-*_ledgers/*.ledger.jsonl"))
+
+
+def compiled_port_observation(path: Path) -> tuple[Observation | None, str]:
+    """compile_model's one measurement in a run: its end-to-end session timed torch.compile of the
+    whole port against the port, the same mechanism at the port's precision. The raw prediction is
+    the one the loop logged beside it, else the planner's, recomputed from the run's profile when
+    that file is still where the ledger says (older ledgers); else none (and why)."""
+    events = Ledger(path).events()
+    started = next(e for e in events if isinstance(e, ev.RunStarted))
+    finished = next((e for e in reversed(events) if isinstance(e, ev.RunFinished)), None)
+    e2e = finished.end_to_end if finished else None
+    comp = e2e.compiled_port_vs_port if e2e else None
+    if comp is None:
+        return None, f"{path.name}: no compiled port timed"
+    raw = e2e.compiled_port_raw_saving_ms
+    if raw is None:
+        base = next((e for e in events if isinstance(e, ev.BaselineMeasured)), None)
+        profile = Path(base.profile_path) if base and base.profile_path else None
+        if profile is None or not profile.exists():
+            return None, f"{path.name}: its raw prediction is not in the ledger and its profile is gone"
+        from trainbridge.agent.planner import predicted_saving_ms
+        from trainbridge.profile.analysis import ProfileReport
+
+        raw = predicted_saving_ms("compile_model", ProfileReport.model_validate_json(profile.read_text()))
+    program = Path(started.workload).name
+    return Observation.of("compile_model", started.target, raw, comp, source=f"{program}/compiled_port"), ""
 
 
 def candidates(path: Path) -> tuple[list[dict], str | None]:
@@ -71,9 +104,10 @@ def candidates(path: Path) -> tuple[list[dict], str | None]:
     return rows, cpu
 
 
-def table_of(rows: list[dict], cpu: str, ledgers: list[str], command: str) -> ShippedShares:
+def table_of(rows: list[dict], cpu: str, ledgers: list[str], command: str,
+             extra: list[Observation] = ()) -> ShippedShares:
     return ShippedShares(cpu=cpu, date=time.strftime("%Y-%m-%d"), command=command, ledgers=ledgers,
-                         shares=fit([r["obs"] for r in rows]))
+                         shares=fit([r["obs"] for r in rows] + list(extra)))
 
 
 def evaluate(rows: list[dict], cpu: str) -> None:
@@ -123,6 +157,9 @@ def main() -> None:
     ap.add_argument("--stem", default="predictions", help="file name of the results: STEM.md / STEM.json")
     ap.add_argument("--write-defaults", action="store_true", help=f"write the fitted factors to {SHIPPED_PATH.name}")
     ap.add_argument("--write-table", type=Path, help="write the fitted factors here (for $TRAINBRIDGE_REALISED_SHARES)")
+    ap.add_argument("--compiled-ports", nargs="*", type=Path, default=None,
+                    help="ledgers whose end-to-end torch.compile-of-the-port arm calibrates compile_model "
+                         "(default: the four-workload runs' ledgers under benchmarks/results/workloads_cpu-*_ledgers/)")
     a = ap.parse_args()
     paths = [p.resolve() for p in a.ledgers] or DEFAULT_LEDGERS
     if not paths:
@@ -139,8 +176,16 @@ def main() -> None:
     cpu = " / ".join(sorted(c or "CPU not recorded" for c in cpus))
     evaluate(rows, cpu)
     command = "python benchmarks/predictions.py " + " ".join(sys.argv[1:])
+    extra, skipped, compiled_ledgers = [], [], []
+    for path in (COMPILED_PORT_LEDGERS if a.compiled_ports is None else [p.resolve() for p in a.compiled_ports]):
+        obs, why = compiled_port_observation(path)
+        if obs is None:
+            skipped.append(why)
+            continue
+        extra.append(obs)
+        compiled_ledgers.append(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path))
     ledgers = sorted({r["ledger"] for r in rows})
-    table = table_of(rows, cpu, ledgers, command)
+    table = table_of(rows, cpu, ledgers + compiled_ledgers, command, extra)
     measured = [r["measured_pct"] for r in rows]
 
     def summary(key: str) -> dict:
@@ -153,6 +198,8 @@ def main() -> None:
            "summary": {"raw": summary("raw_pct"), "shipped": summary("shipped_pct"), "run": summary("run_pct"),
                        "logged": summary("logged_pct")},
            "shares": [s.model_dump() for s in table.shares],
+           "compiled_port_observations": [o.model_dump() | {"ratio": o.ratio} for o in extra],
+           "compiled_ports_skipped": skipped,
            "rows": [{k: v for k, v in r.items() if k != "obs"} | {"raw_saving_ms": r["obs"].raw_saving_ms,
                                                                  "measured_saving_ms": r["obs"].measured_saving_ms}
                     for r in rows]}

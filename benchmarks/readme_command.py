@@ -56,7 +56,9 @@ def summarize(run_dir: Path, wall_s: float) -> dict:
     events = list(Ledger(run_dir / "ledger.jsonl").events())
     finished = next((e for e in reversed(events) if isinstance(e, ev.RunFinished)), None)
     started = next(e for e in events if isinstance(e, ev.RunStarted))
-    fvp = (finished.end_to_end or {}).get("final_vs_port") or {} if finished else {}
+    e2e = finished.end_to_end if finished else None
+    e2e = e2e.model_dump() if hasattr(e2e, "model_dump") else (e2e or {})
+    fvp = e2e.get("final_vs_port") or {}
     return {"run_dir": str(run_dir), "command": " ".join(COMMAND), "wall_min": wall_s / 60.0,
             "budget_minutes": started.budget_minutes, "budget_candidates": started.budget_candidates,
             "done_reason": finished.done_reason if finished else None,
@@ -85,10 +87,11 @@ def markdown(r: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    ap.add_argument("--reuse", type=Path, help="summarize this run folder instead of running (wall time unknown)")
+    ap.add_argument("--reuse", type=Path, help="summarize this run folder instead of running")
+    ap.add_argument("--wall-s", type=float, help="with --reuse: the command's wall time, measured when it ran")
     args = ap.parse_args()
     if args.reuse:
-        result = summarize(args.reuse.resolve(), float("nan"))
+        result = summarize(args.reuse.resolve(), args.wall_s if args.wall_s is not None else float("nan"))
     else:
         work = Path(tempfile.mkdtemp(prefix="readme-command-"))
         subprocess.run(f"git -C {ROOT} archive HEAD | tar -x -C {work}", shell=True, check=True)

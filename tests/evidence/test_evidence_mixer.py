@@ -74,9 +74,20 @@ def test_porting_intents_from_the_gpu_training_loop(bundle):
     assert "device_type='npu'" in prec.targets["npu"][0].api and "bfloat16" in prec.targets["npu"][0].api
     sync = one(bundle, "host_sync")
     assert sync.gap_class == "sync" and sync.level == "L1" and covers(sync, "print(f\"step {step} loss {loss.item()")
-    comp = one(bundle, "compile_region")
+    comp = one(bundle, "compile_model")  # the program compiles its model whole, not one of its functions
     assert comp.gap_class == "compiler_boundary" and covers(comp, "model = torch.compile(model)")
     assert "backend='npu'" in comp.targets["npu"][0].api
+    assert not bundle.intents_for("compile_region")
+
+
+def test_compiling_one_of_the_programs_functions_is_a_region_and_an_object_is_the_model(tmp_path):
+    (tmp_path / "p.py").write_text(
+        "import torch\n\n\ndef newton_schulz(g):\n    return g @ g.T\n\n\n"
+        "ns = torch.compile(newton_schulz)\n\n\n@torch.compile\ndef norm(x):\n    return x / x.norm()\n\n\n"
+        "def main(model):\n    model = torch.compile(model, dynamic=False)\n    return model\n")
+    found = {f.detail["target"]: f.detail for f in scan_program(tmp_path, ["p.py"]) if f.kind == "torch_compile"}
+    assert found["newton_schulz"]["function"] is True and found["model"]["function"] is False
+    assert found["norm"]["decorator"] is True
 
 
 def test_scan_ignores_syncs_outside_the_step():

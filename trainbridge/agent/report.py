@@ -16,6 +16,7 @@ from ..measure.outliers import OUTLIER_RULE
 from ..measure.timing import interleave, lockstep_session, program_arm
 from .context import RunContext
 from .coverage import unrealised_intents
+from .planner import predicted_saving_ms
 from .programs import read_program, unified_diff, write_program
 from .state import RunState
 
@@ -43,6 +44,8 @@ def end_to_end(ctx: RunContext, port: dict[str, str], final: dict[str, str], *, 
             "report", detail=f"end-to-end {arm} run {i + 1}/{pairs}"))
     runs = {"port": [], "final": [], "compiled_port": [], **session.runs_ms}
     result = {"runs_ms": runs, "min_effect": bar, "problems": session.problems, "outlier_rule": OUTLIER_RULE}
+    if with_compile:  # the compiled port is compile_model applied to the port: its prediction, for calibration
+        result["compiled_port_raw_saving_ms"] = round(predicted_saving_ms("compile_model", ctx.profile()), 3)
     if runs["port"] and runs["final"]:
         result["final_vs_port"] = judge(runs["port"], runs["final"], bar=bar, confidence=cfg.confidence).model_dump()
     if runs["compiled_port"] and runs["final"]:

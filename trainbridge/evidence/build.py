@@ -10,7 +10,7 @@ from ..aten_ops import GRAPH_LIBRARY_CALLS
 from .bundle import (EvidenceBundle, GraphBreak, GraphRecord, KernelRecord, MatmulDtype, Route, SourceLoc)
 from .codeparse import kind_from_ops, op_family, short_op
 from .frames import read_line
-from .intents import _Ctx, compiler_intents, porting_intents
+from .intents import _Ctx, compiler_intents, porting_intents, whole_model_intent
 from .raw import RawCapture, RawGraph, RawNode
 from .recognize import recognize, recognize_backward
 from .source_scan import scan_program
@@ -186,6 +186,9 @@ def bundle_from_raw(raw: RawCapture, *, source_root: str | os.PathLike | None = 
     intents += porting_intents(findings, ctx, matmul, raw.graph_breaks, raw.device)
     compiled = sum(len(g.launches) * g.calls_per_step for g in raw.graphs)
     eager_n = eager.kernel_ops if eager else None
+    if not any(i.pattern == "compile_model" for i in intents):  # the program's own compile says it already
+        whole = whole_model_intent(ctx, eager_n, compiled, {g.region for g in raw.graphs})
+        intents += [whole] if whole is not None else []
     lims = list(raw.limitations)
     if raw.errors:
         lims += [f"error: {e}" for e in raw.errors]

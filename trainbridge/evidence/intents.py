@@ -245,11 +245,14 @@ def porting_intents(findings: list[ScanFinding], ctx: _Ctx, matmul_dtypes: list[
                          for t in ("npu", "cpu", "cuda")}))
         elif f.kind == "torch_compile":
             target = f.detail.get("target") or "region"
-            opts = {k: v for k, v in f.detail.items() if k not in ("target", "decorator")}
+            opts = {k: v for k, v in f.detail.items() if k not in ("target", "decorator", "function")}
+            # `model = torch.compile(model)` compiles an object, not one of the program's functions: the model
+            whole = not f.detail.get("decorator") and not f.detail.get("function", True) and bool(f.detail.get("target"))
+            pattern = "compile_model" if whole else "compile_region"
             out.append(Intent(
-                id=ctx.new_id(f"compile_region@{f.file}:{f.line}"),
+                id=ctx.new_id(f"{pattern}@{f.file}:{f.line}"),
                 summary=f"the GPU program compiles {target}; the naive port runs it eagerly",
-                pattern="compile_region", gap_class="compiler_boundary", level="L4", kind="porting",
+                pattern=pattern, gap_class="compiler_boundary", level="L4", kind="porting",
                 spans=[span],
                 evidence=IntentEvidence(source_text=[f.code], notes=[f"torch.compile options: {opts}"] if opts else []),
                 confidence=0.8, grade="A",
@@ -278,3 +281,33 @@ def porting_intents(findings: list[ScanFinding], ctx: _Ctx, matmul_dtypes: list[
             targets={t: [T(api="rewrite the line so the compiler can trace it (no data-dependent Python)", level="L3")]
                      for t in ("npu", "cpu", "cuda")}))
     return out
+
+
+# ------------------------------------------------------------- whole model ----
+def whole_model_intent(ctx: _Ctx, eager_ops: int | None, launches: int, regions: set[str]) -> Intent | None:
+    """The GPU ran the model's step compiled: `launches` kernels where eager launches `eager_ops`.
+
+    The capture compiles the whole model (its `model` region), so the bundle itself says what
+    compiling it whole does to the step on the GPU: the fragmentation ratio. A step that
+    fused well there (2x fewer launches or better) makes a compile_model intent of confidence
+    0.7; a program that compiles its model itself says more (the porting intent, 0.8)."""
+    if "model" not in regions or not eager_ops or not launches:
+        return None
+    ratio = eager_ops / launches
+    if ratio < 2.0:
+        return None
+    conf = 0.7
+    return Intent(
+        id=ctx.new_id("compile_model@capture"),
+        summary=f"on the GPU the whole model ran compiled: {launches} kernel launches a step where eager launches "
+                f"{eager_ops} ({ratio:.1f}x fewer)",
+        pattern="compile_model", gap_class="fusion", level="L4", kind="compiler",
+        eager_ops_removed=max(0, eager_ops - launches),
+        evidence=IntentEvidence(notes=[f"fragmentation ratio {ratio:.1f}x (eager ops / compiled launches per step)"]),
+        confidence=conf, grade=grade_of(conf),  # type: ignore[arg-type]
+        targets={"cpu": [T(api="model.compile(dynamic=False)", level="L4")],
+                 "cuda": [T(api="model.compile(dynamic=False)", level="L4")],
+                 "npu": [T(api='model.compile(backend="npu", dynamic=False)', level="L4",
+                           note="torchair; compiling the whole model was slower or ran out of memory in the public "
+                                "records")]})
+

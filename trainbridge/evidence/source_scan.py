@@ -69,6 +69,7 @@ class _Scanner(ast.NodeVisitor):
         self.func: list[str] = []
         self.step_depth = 0  # inside a loop / function that calls .backward()
         self.if_depth = 0
+        self.functions: set[str] = set()  # the file's own function names: `torch.compile(f)` compiles a region
 
     def _code(self, node: ast.AST) -> str:
         ln = getattr(node, "lineno", 0)
@@ -153,7 +154,8 @@ class _Scanner(ast.NodeVisitor):
             opts = {kw.arg: _const(kw.value) for kw in node.keywords if kw.arg}
             self.findings.append(ScanFinding("torch_compile", self.file, node.lineno, node.end_lineno or node.lineno,
                                              self._fn(), self._code(node), in_step=self.step_depth > 0,
-                                             detail={"target": target, **{k: v for k, v in opts.items() if v is not None}}))
+                                             detail={"target": target, "function": target in self.functions,
+                                                     **{k: v for k, v in opts.items() if v is not None}}))
         elif isinstance(node.func, ast.Attribute) and node.func.attr in _SYNC_METHODS and not node.args \
                 and self.step_depth > 0:
             self.findings.append(ScanFinding("host_sync", self.file, node.lineno, node.end_lineno or node.lineno,
@@ -173,6 +175,7 @@ def scan_file(path: Path, rel: str) -> list[ScanFinding]:
     except (OSError, SyntaxError, ValueError):
         return []
     s = _Scanner(rel, text.splitlines())
+    s.functions = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     s.visit(tree)
     return s.findings
 

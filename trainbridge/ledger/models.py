@@ -82,6 +82,9 @@ class EndToEnd(_Strict):
     final_vs_compiled_port: Comparison | None = None
     compiled_port_vs_port: Comparison | None = None
     min_effect: float | None = Field(None, description="the bar final_vs_port was judged at: the run's (A/A-raised) one")
+    compiled_port_raw_saving_ms: float | None = Field(
+        None, description="the planner's uncalibrated compile_model prediction for the port, from the run's profile: "
+                          "beside compiled_port_vs_port, one measurement of what compiling the whole model realises")
     problems: list[str] = Field(default_factory=list, description="rounds dropped and measured again: a run "
                                                                   "failed, or the round was outlier-contaminated")
     outlier_rule: str | None = Field(None, description="the rule that drops an outlier-contaminated round; "
