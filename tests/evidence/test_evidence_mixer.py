@@ -96,3 +96,18 @@ def test_scan_ignores_syncs_outside_the_step():
     assert [f.line for f in syncs] == [line_of("print(f\"step {step} loss {loss.item()")]
     auto = next(f for f in findings if f.kind == "autocast")
     assert auto.in_step and auto.detail == {"device_type": "cuda", "dtype": "bfloat16"}
+
+
+def test_a_capture_that_fused_the_whole_step_is_a_compile_model_intent():
+    """The capture compiles the whole model: 2x fewer launches than eager ops or better makes an
+    intent (0.7); a step that barely fused, or no model graph, makes none."""
+    from trainbridge.evidence.intents import _Ctx, whole_model_intent
+
+    ctx = _Ctx([], None, None)
+    it = whole_model_intent(ctx, 2098, 842, {"model", "optimizer:AdamW"})
+    assert it is not None and it.pattern == "compile_model" and it.confidence == 0.7
+    assert "842 kernel launches a step where eager launches 2098" in it.summary
+    assert it.eager_ops_removed == 2098 - 842 and "model.compile" in it.targets["cpu"][0].api
+    assert whole_model_intent(ctx, 1500, 842, {"model"}) is None  # 1.8x: not enough fusion to say so
+    assert whole_model_intent(ctx, 2098, 842, {"optimizer:AdamW"}) is None  # no model graph captured
+    assert whole_model_intent(ctx, None, 842, {"model"}) is None  # no eager step profiled

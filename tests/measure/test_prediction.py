@@ -90,3 +90,38 @@ def test_the_shipped_table_round_trips(tmp_path):
     got = pred._load(str(p))
     assert got.get("gelu_fused", "cpu").factor == pytest.approx(0.5)
     assert json.loads(p.read_text())["shares"][0]["ratios"] == [0.5]
+
+
+def test_every_ledger_the_shipped_table_was_fitted_on_is_in_the_repository():
+    from tests.kits.paths import ROOT
+
+    assert all((ROOT / rel).is_file() for rel in shipped().ledgers), shipped().ledgers
+
+
+def test_a_runs_compiled_port_arm_is_one_measurement_of_compile_model(tmp_path):
+    """The closing session timed torch.compile of the whole port: with the raw prediction the loop
+    logged beside it, that is compile_model's realised share, read from the ledger alone."""
+    import importlib.util
+
+    from tests.kits.paths import ROOT
+
+    spec = importlib.util.spec_from_file_location("predictions_bench", ROOT / "benchmarks" / "predictions.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    src = ROOT / "benchmarks" / "results" / "workloads_cpu-2026-12-07_ledgers" / "nanogpt.ledger.jsonl"
+    lines = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    for e in lines:
+        if e["event"] == "run_finished":
+            e["end_to_end"]["compiled_port_raw_saving_ms"] = 20.0
+            comp = e["end_to_end"]["compiled_port_vs_port"]
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    obs, why = bench.compiled_port_observation(ledger)
+    assert why == "" and obs.recipe == "compile_model" and obs.raw_saving_ms == 20.0
+    measured = comp["median_incumbent_ms"] * saving_pct(comp["speedup"]) / 100.0
+    assert obs.measured_saving_ms == pytest.approx(measured) and obs.ratio == pytest.approx(min(measured / 20.0, 2.0))
+    for e in lines:  # a run that timed no compiled port measured nothing of it
+        if e["event"] == "run_finished":
+            e["end_to_end"]["compiled_port_vs_port"] = None
+    ledger.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert bench.compiled_port_observation(ledger) == (None, "ledger.jsonl: no compiled port timed")
