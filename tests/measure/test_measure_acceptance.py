@@ -135,7 +135,10 @@ def test_the_end_to_end_report_keeps_rounds_paired_and_judges_at_the_runs_bar(mo
     monkeypatch.setattr(report, "program_arm", fake_arm)
     ctx = SimpleNamespace(cfg=SimpleNamespace(target="cpu", seed=1, confidence=0.95, timing_scheme="pairs"),
                           workload=SimpleNamespace(manifest=SimpleNamespace(steps=SimpleNamespace(warmup=1))),
-                          report=lambda *a, **k: None)
+                          report=lambda *a, **k: None,
+                          profile=lambda: SimpleNamespace(all_ops=[], top_ops=[], outside_ops_ms_per_step=5.0,
+                                                          elementwise_share=0.25, op_self_ms_per_step=80.0,
+                                                          gemm_share=0.5, floor=None))
     e2e = report.end_to_end(ctx, {}, {}, pairs=4, with_compile=True, out=tmp_path, bar=0.035)
     lens = {arm: len(r) for arm, r in e2e["runs_ms"].items()}
     # the round with the crashed run is dropped whole and measured again: 4 paired rounds
@@ -143,6 +146,8 @@ def test_the_end_to_end_report_keeps_rounds_paired_and_judges_at_the_runs_bar(mo
     fvp = e2e["final_vs_port"]
     assert fvp["min_effect"] == 0.035 and fvp["decision"] == "reject"  # 1.031x clears 2%, not the raised 3.5%
     assert ev.EndToEnd.model_validate(e2e).min_effect == 0.035
+    # beside the compiled-port arm, compile_model's raw prediction: (outside ops + elementwise) x 0.4
+    assert e2e["compiled_port_raw_saving_ms"] == pytest.approx((5.0 + 0.25 * 80.0) * 0.4)
 
 
 def test_verify_refuses_fewer_pairs_than_can_show_noise(tmp_path):
