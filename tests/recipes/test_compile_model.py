@@ -137,3 +137,13 @@ def test_the_port_removes_the_programs_compile_and_the_recipe_puts_it_back():
     p = RECIPE.apply(ported, "cpu")
     assert not isinstance(p, NotApplicable), p
     assert "model.compile(dynamic=False)" in p.files["train.py"]
+
+
+def test_an_annotated_assignment_builds_the_model_too():
+    """The current Modded-NanoGPT record writes `model: nn.Module = GPT(...)`."""
+    train = TRAIN.replace("    model = Net(8).to(device)", "    model: torch.nn.Module = Net(8).to(device)")
+    p = RECIPE.apply({"model.py": MODEL, "train.py": train}, "cpu")
+    assert not isinstance(p, NotApplicable), p
+    lines = p.files["train.py"].splitlines()
+    at = lines.index("    model: torch.nn.Module = Net(8).to(device)")
+    assert lines[at + 1].startswith("    model.compile(dynamic=False)")

@@ -15,7 +15,7 @@ optimizer built from it and a DDP wrapper around it all see the same module, and
 The model is found in the source: the program's `nn.Module` subclasses (across its files,
 through program-defined bases), the ones no other program module builds inside itself are
 roots, and a site is an assignment to a plain name, outside any class, whose value builds a
-root (`GPT(cfg)`, `Net(...).to(device)`). A program that already compiles that name is left
+root (`GPT(cfg)`, `Net(...).to(device)`, `model: nn.Module = GPT(...)`). A program that already compiles that name is left
 alone. Random ops are no obstacle to validation: the harness runs compiled code with
 Inductor's `fallback_random`, so candidate and incumbent draw the same numbers.
 """
@@ -112,12 +112,17 @@ class CompileModelRecipe(Recipe):
                 pos = positions(files[rel])
             except cst.ParserSyntaxError:
                 continue
-            inside_classes = {id(n) for c in _of(pos.module, cst.ClassDef) for n in _of(c, cst.Assign)}
+            inside_classes = {id(n) for c in _of(pos.module, cst.ClassDef) for n in _of(c, (cst.Assign, cst.AnnAssign))}
             for line in _of(pos.module, cst.SimpleStatementLine):
                 assign = line.body[0] if len(line.body) == 1 else None
-                if not isinstance(assign, cst.Assign) or id(assign) in inside_classes or len(assign.targets) != 1:
+                if id(assign) in inside_classes:
                     continue
-                target_node = assign.targets[0].target
+                if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
+                    target_node = assign.targets[0].target
+                elif isinstance(assign, cst.AnnAssign) and assign.value is not None:  # `model: nn.Module = GPT(...)`
+                    target_node = assign.target
+                else:
+                    continue
                 if not isinstance(target_node, cst.Name):
                     continue
                 built = _builds(assign.value, roots)
