@@ -124,11 +124,17 @@ def test_non_editable_file_is_refused(setup):
 
 def test_same_program_against_itself_is_not_accepted(setup):
     wl, port, _, out = setup
-    # 4 pairs: each program goes first twice (A B, B A, A B, B A), so an order effect cancels
+    # 4 pairs: each program goes first twice (A B, B A, A B, B A), so an order effect cancels.
+    # What is asserted is that the harness favours neither arm, not the rule's error rate: on this
+    # tiny program a whole process runs fast or slow (run medians 3.6-8.0 ms for one program here, each
+    # run's own steps within ~15%), so at the loop's 95% an A/A session is accepted about 2% of the
+    # time by chance (one CI run saw 1.267x [1.186, 1.353]). At 99.9% chance alone fails this test
+    # about once in 2000; an arm favoured by 40% in every round (spread as in that run) still fails it.
+    # The rule's real false-accept rate is measured by benchmarks/calibration.py.
     session = candidate_session(wl, "cpu", incumbent=port, candidate=port, pairs=4, out_dir=out, seed=1337)
     inc, cand = session.pair("incumbent", "candidate")
     assert not session.problems and len(inc) == len(cand) == 4
-    comp = compare(inc, cand, min_effect=0.02, confidence=0.95)
+    comp = compare(inc, cand, min_effect=0.02, confidence=0.999)
     assert comp.decision == "reject", comp.reason
     assert comp.ci_low <= 1.02
 
