@@ -87,6 +87,12 @@ def test_large_files_are_shown_as_windows_around_the_site():
     line = files["train.py"].splitlines().index("CONST_300 = 300") + 1
     text3 = rw._rewrite_prompt(item(site="Block.norm"), files, "cpu", {"intent": {"spans": [f"train.py:{line}"]}})
     assert "CONST_300 = 300" in text3
+    # ... and so do the evidence bundle's own spans (an Intent's SourceSpan: start_line / end_line), as the
+    # graph matcher writes them for a whole attention (first product to second)
+    from trainbridge.evidence.bundle import SourceSpan
+    span = SourceSpan(file="train.py", start_line=line, end_line=line + 1, function="forward")
+    text4 = rw._rewrite_prompt(item(site="Block.norm"), files, "cpu", {"intent": {"spans": [span.model_dump()]}})
+    assert "CONST_300 = 300" in text4 and "CONST_301 = 301" in text4
 
 
 def test_small_files_whole_and_profile_and_history():

@@ -10,7 +10,8 @@ from ..aten_ops import GRAPH_LIBRARY_CALLS
 from .bundle import (EvidenceBundle, GraphBreak, GraphRecord, KernelRecord, MatmulDtype, Route, SourceLoc)
 from .codeparse import kind_from_ops, op_family, short_op
 from .frames import read_line
-from .intents import _Ctx, compiler_intents, porting_intents, whole_model_intent
+from .graph_match import match_graphs
+from .intents import _Ctx, compiler_intents, graph_intents, porting_intents, whole_model_intent
 from .raw import RawCapture, RawGraph, RawNode
 from .recognize import recognize, recognize_backward
 from .source_scan import scan_program
@@ -180,6 +181,8 @@ def bundle_from_raw(raw: RawCapture, *, source_root: str | os.PathLike | None = 
                                   line_ops=line_ops)
     ctx = _Ctx(kernels, eager, root)
     intents = compiler_intents(supernodes, ctx, line_ops)
+    matches = match_graphs(raw)
+    intents += graph_intents(matches, intents, ctx)
     matmul = _matmul_dtypes(raw.graphs)
     findings = scan_program(root, scan_files) if root else []
     breaks = _graph_breaks(raw)
@@ -202,5 +205,5 @@ def bundle_from_raw(raw: RawCapture, *, source_root: str | os.PathLike | None = 
         source_root=root, kernels=kernels, graphs=_graph_records(raw), graph_breaks=breaks, eager=eager,
         eager_ops_per_step=eager_n, compiled_launches_per_step=compiled,
         fragmentation_ratio=round(eager_n / compiled, 2) if eager_n and compiled else None,
-        matmul_dtypes=matmul, supernodes=supernodes, intents=intents, limitations=lims,
+        matmul_dtypes=matmul, supernodes=supernodes, intents=intents, graph_matches=matches, limitations=lims,
     )

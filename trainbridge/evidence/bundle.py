@@ -134,6 +134,20 @@ class MatmulDtype(_Model):
     count: int = 1
 
 
+class GraphMatch(_Model):
+    """A pattern found by the dataflow of a post-grad graph (`evidence.graph_match`), with the
+    source lines its nodes came from: the statements a rewrite of it replaces."""
+
+    pattern: str
+    graph_id: int
+    nodes: list[str] = Field(default_factory=list, description="post-grad node names, in match order")
+    ops: list[str] = Field(default_factory=list, description="their ATen ops (no namespace or overload)")
+    spans: list[SourceSpan] = Field(default_factory=list, description="the program lines the nodes came from")
+    module: str = Field("", description="the nn.Module class most of its nodes ran in")
+    roles: dict[str, str] = Field(default_factory=dict, description="what each part is: the products, the "
+                                                                    "scale, the mask, dropout, eps, ...")
+
+
 # ---------------------------------------------------------- supernodes/intents ----
 class Supernode(_Model):
     id: str
@@ -201,6 +215,8 @@ class EvidenceBundle(_Model):
     matmul_dtypes: list[MatmulDtype] = Field(default_factory=list)
     supernodes: list[Supernode] = Field(default_factory=list)
     intents: list[Intent] = Field(default_factory=list)
+    graph_matches: list[GraphMatch] = Field(default_factory=list, description="patterns found by the "
+                                            "graphs' dataflow; each became or confirmed an intent")
     limitations: list[str] = Field(default_factory=list)
     collect_seconds: float | None = None
 
@@ -278,6 +294,15 @@ def render_summary(bundle: EvidenceBundle, console=None) -> None:
         t.add_row(s.id, s.label, lines, ",".join(s.phases), str(s.compiled_launches_per_step),
                   "-" if s.eager_ops_per_step is None else str(s.eager_ops_per_step))
     console.print(t)
+
+    if bundle.graph_matches:
+        t = Table(title="found by the graph's dataflow")
+        for col in ("pattern", "lines", "module", "roles"):
+            t.add_column(col)
+        for m in bundle.graph_matches:
+            t.add_row(m.pattern, ", ".join(f"{sp.file}:{sp.start_line}-{sp.end_line}" for sp in m.spans[:3]),
+                      m.module, "; ".join(f"{k} {v}" for k, v in m.roles.items()))
+        console.print(t)
 
     t = Table(title="intents")
     for col in ("id", "pattern", "gap", "level", "confidence", "eager ops removed", "summary"):

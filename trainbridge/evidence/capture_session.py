@@ -33,9 +33,11 @@ import torch
 
 from ..aten_ops import FUSED_ATTENTION, GRAPH_LIBRARY_CALLS
 from .bundle import Route
-from .codeparse import parse_output_code
+from .codeparse import parse_output_code, short_op
 from .frames import SourceFilter
 from .raw import RawCapture, RawGraph, RawGraphBreak, RawLaunch, RawNode
+
+_RANDOM_OPS = {"native_dropout", "bernoulli", "rand", "rand_like", "randn", "randn_like", "randint"}
 
 _MATMUL_OPS = GRAPH_LIBRARY_CALLS | {"matmul"} | FUSED_ATTENTION
 
@@ -79,6 +81,19 @@ def _module_entries(stack) -> list[str]:
     return out
 
 
+def _library_module(stack) -> str:
+    """The innermost nn.Module's qualified class when torch itself defines it ('torch.nn.modules.
+    normalization.LayerNorm'), else '': Inductor decomposes such a module into the same ATen ops
+    a hand-written one has, but the program already calls the library operator there."""
+    values = [v for v in (stack or {}).values() if isinstance(v, tuple) and len(v) == 2]
+    if not values:
+        return ""
+    cls = values[-1][1]
+    name = cls if isinstance(cls, str) else f"{getattr(cls, '__module__', '')}.{getattr(cls, '__qualname__', '')}"
+    name = name.replace("<class '", "").strip("'>")
+    return name if name.startswith("torch.") else ""
+
+
 class CaptureSession:
     """Compiles with the collecting backend; holds everything captured until `raw()`."""
 
@@ -114,7 +129,8 @@ class CaptureSession:
         from .inductor_hooks import collector_config, structured_trace
 
         self._stack = ExitStack()
-        self._stack.enter_context(collector_config(self._on_post_grad_graph))
+        self._stack.enter_context(collector_config(self._on_post_grad_graph,
+                                                   fallback_random=self.route == "fake_cuda_codegen"))
         self._stack.enter_context(structured_trace(self._on_trace_record))
         self._breaks_before = self._graph_break_total()
 
@@ -259,6 +275,10 @@ class CaptureSession:
                 backward=meta.get("partitioner_tag") == "is_backward" or rec.phase == "backward",
                 stack=stack, modules=modules, dtype=dtype, shape=shape, in_dtypes=in_dtypes,
                 tensor_args=sum(1 for a in n.args if isinstance(a, torch.fx.Node)),
+                inputs=[a.name for a in n.all_input_nodes],
+                library_module=_library_module(meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")),
+                scalars=[float(a) for a in (*n.args, *n.kwargs.values())
+                         if isinstance(a, (int, float)) and not isinstance(a, bool)],
             )
 
     def _on_trace_record(self, name: str | None, payload: Any, metadata: dict) -> None:
@@ -312,6 +332,10 @@ class CaptureSession:
             from .fake_cuda import LIMITATIONS
 
             lims += LIMITATIONS
+            if any(short_op(n.target) in _RANDOM_OPS for g in graphs for n in g.nodes.values()):
+                lims.append("fake_cuda_codegen: random ops (dropout) are eager fallback kernels here (Inductor's "
+                            "fallback_random): a CPU-only torch cannot seed Inductor's GPU random kernels; on a GPU "
+                            "they are generated inside the fused kernels")
         elif self.route == "cpu_inductor":
             lims.append("cpu_inductor: the kernels are Inductor's C++ code generation for this CPU, not a GPU's; "
                         "fusion groups differ from Triton's (consecutive groups merge into one cpp kernel)")

@@ -97,7 +97,10 @@ def _split_list(s: str) -> list[str]:
 
 
 def short_op(target: str) -> str:
-    """'aten.mul.Tensor' / 'torch.ops.aten.mul.Tensor' -> 'mul'; 'prims.fma.default' -> 'fma'."""
+    """'aten.mul.Tensor' / 'torch.ops.aten.mul.Tensor' -> 'mul'; 'prims.fma.default' -> 'fma';
+    '<built-in function getitem>' (how FX prints operator.getitem) -> 'getitem'."""
+    if target.startswith("<built-in function ") and target.endswith(">"):
+        return target[len("<built-in function "):-1]
     t = target.replace("torch.ops.", "")
     parts = t.split(".")
     if len(parts) >= 2 and parts[0] in ("aten", "prims", "inductor", "_quantized", "quantized", "higher_order"):

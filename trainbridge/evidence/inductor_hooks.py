@@ -6,7 +6,9 @@ All checked on torch 2.13.0 (`CHECKED_ON`); `missing_private_apis()` lists what 
 - `collector_config()`: caches off (a cache hit skips code generation and provenance),
   backward lowered eagerly (`force_non_lazy_backward_lowering`, else the backward's
   provenance is empty), provenance tracking on, one compile thread, and a post-grad custom
-  pass that records every post-grad FX node; previous values restored on exit.
+  pass that records every post-grad FX node; on the fake-CUDA route, random ops as eager
+  fallbacks (`fallback_random`: Inductor's own random kernels need a GPU to seed); previous
+  values restored on exit.
 - `stop_after_codegen(on_code)`: `GraphLowering.save_output_code` (Inductor's hook for
   tests) receives the wrapper code before the module is loaded; we keep it and the kernel ->
   post-grad node provenance map, then stop. Nothing is compiled by a C++ compiler or Triton.
@@ -36,6 +38,7 @@ USED_PRIVATE_APIS = [
     "torch._inductor.config:fx_graph_cache",
     "torch._inductor.config:fx_graph_remote_cache",
     "torch._inductor.config:compile_threads",
+    "torch._inductor.config:fallback_random",
     "torch._inductor.config:trace.provenance_tracking_level",
     "torch._functorch.config:enable_autograd_cache",
     "torch._functorch.config:force_non_lazy_backward_lowering",
@@ -85,7 +88,7 @@ def _post_grad_pass_class():
 
 
 @contextlib.contextmanager
-def collector_config(on_post_grad_graph: Callable[[torch.fx.Graph], None]):
+def collector_config(on_post_grad_graph: Callable[[torch.fx.Graph], None], *, fallback_random: bool = False):
     import torch._functorch.config as fc
     import torch._inductor.config as ic
 
@@ -96,6 +99,9 @@ def collector_config(on_post_grad_graph: Callable[[torch.fx.Graph], None]):
         "trace.provenance_tracking_level": 1,
         "post_grad_custom_post_pass": recorder,
         "compile_threads": 1,
+        # fake CUDA: Inductor seeds its own random kernels with a tensor on the GPU, which a CPU-only
+        # torch cannot make, and the whole graph of a program with dropout failed to generate
+        **({"fallback_random": True} if fallback_random else {}),
     }), fc.patch({"enable_autograd_cache": False, "force_non_lazy_backward_lowering": True}):
         yield
 

@@ -19,6 +19,7 @@ from ..aten_ops import CONVOLUTION_BACKWARD, FUSED_ATTENTION, MATMUL
 from ..patterns import pattern_spec
 from .bundle import (
     EagerOps,
+    GraphMatch,
     Intent,
     IntentEvidence,
     KernelRecord,
@@ -30,6 +31,7 @@ from .bundle import (
 )
 from .codeparse import short_op
 from .frames import read_line
+from .graph_match import is_library, overlaps
 from .raw import RawGraphBreak
 from .recognize import recognize
 from .source_scan import ScanFinding
@@ -311,3 +313,77 @@ def whole_model_intent(ctx: _Ctx, eager_ops: int | None, launches: int, regions:
                            note="torchair; compiling the whole model was slower or ran out of memory in the public "
                                 "records")]})
 
+
+
+# -------------------------------------------------------------------- graph ----
+def _hull(spans: list[SourceSpan]) -> list[SourceSpan]:
+    """Overlapping or adjacent spans of one file merged into one, in file and line order."""
+    out: list[SourceSpan] = []
+    for s in sorted(spans, key=lambda s: (s.file, s.start_line, s.end_line)):
+        last = out[-1] if out else None
+        if last is not None and last.file == s.file and s.start_line <= last.end_line + 1:
+            out[-1] = last.model_copy(update={"end_line": max(last.end_line, s.end_line),
+                                              "function": last.function or s.function})
+        else:
+            out.append(s)
+    return out
+
+
+def graph_note(m: GraphMatch) -> str:
+    where = ", ".join(f"{s.file}:{s.start_line}-{s.end_line}" for s in m.spans)
+    roles = "; ".join(f"{k} {v}" for k, v in m.roles.items())
+    return (f"post-grad graph match at {where}" + (f" in {m.module}" if m.module else "")
+            + (f": {roles}" if roles else ""))
+
+
+LIBRARY_CONFIDENCE = 0.3
+"""An intent whose lines call one of torch's own modules (nn.LayerNorm) is demoted to this: the
+compiler's kernel fused that module's ops, but the program already calls the fused operator."""
+
+
+def graph_intents(matches: list[GraphMatch], intents: list[Intent], ctx: _Ctx) -> list[Intent]:
+    """Fold the graphs' dataflow matches into the kernel-level intents.
+
+    A match on the lines of an intent of its pattern confirms it: the intent's spans grow to the
+    whole computation (a kernel covers the softmax lines; the match runs from the first product
+    to the second, the statements a rewrite replaces), its confidence rises to 0.9 and a note
+    gives the match's roles. A match no intent covers (scores named `w`, no mask: nothing on
+    the kernel's lines says attention) becomes an intent of its own. A match inside torch's own
+    module (nn.LayerNorm, nn.GELU) demotes the intents on its lines instead. Returns the new intents."""
+    new: list[Intent] = []
+    for m in matches:
+        spec = pattern_spec(m.pattern)
+        if not spec.target_ops or not m.spans:
+            continue
+        if is_library(m):  # the kernel saw LayerNorm's ops; the program calls torch's LayerNorm there
+            for i in intents:
+                if i.pattern == m.pattern and overlaps(i.spans, m.spans):
+                    i.confidence = min(i.confidence, LIBRARY_CONFIDENCE)
+                    i.grade = grade_of(i.confidence)  # type: ignore[assignment]
+                    i.evidence.notes.append(f"the program calls {m.roles['library']} at "
+                                            f"{', '.join(f'{s.file}:{s.start_line}' for s in m.spans)}: already "
+                                            f"the library operator, which the compiler decomposed")
+            continue
+        same = next((i for i in intents + new if i.pattern == m.pattern and overlaps(i.spans, m.spans)), None)
+        if same is not None:
+            same.spans = _hull(same.spans + m.spans)
+            same.evidence.notes.append(graph_note(m))
+            same.confidence = max(same.confidence, 0.9)
+            same.grade = grade_of(same.confidence)  # type: ignore[assignment]
+            continue
+        keys = {f"{s.file}:{line}" for s in m.spans for line in range(s.start_line, s.end_line + 1)}
+        eager_n, eager_ops = ctx.eager_at(keys)
+        s0 = m.spans[0]
+        conf = 0.85
+        new.append(Intent(
+            id=ctx.new_id(f"{m.pattern}@{s0.file}:{s0.start_line}"),
+            summary=(spec.title or m.pattern) + (f" (found by the graph's dataflow in {m.module})" if m.module
+                                                else " (found by the graph's dataflow)"),
+            pattern=m.pattern, gap_class=spec.gap_class, level=spec.level, kind="compiler",  # type: ignore[arg-type]
+            eager_ops=eager_ops or [f"aten::{o}" for o in sorted(spec.signature_ops)][:8],
+            eager_ops_removed=eager_n, spans=list(m.spans),
+            evidence=IntentEvidence(aten_ops=[m.ops], source_text=[], notes=[graph_note(m)]),
+            confidence=conf, grade=grade_of(conf),  # type: ignore[arg-type]
+            targets={t: list(ops) for t, ops in spec.target_ops.items()},  # type: ignore[arg-type]
+        ))
+    return new

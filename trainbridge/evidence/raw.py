@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .bundle import EagerOps, Phase, Route, SourceLoc
 
 
 class RawNode(BaseModel):
     """One post-grad FX node of a compiled graph."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")  # a mask's -inf stays -inf in valid JSON
 
     target: str = Field(..., description="e.g. aten.mul.Tensor, prims.fma.default")
     seq_nr: int | None = None
@@ -27,6 +29,13 @@ class RawNode(BaseModel):
     shape: list[int] | None = None
     in_dtypes: list[str] = Field(default_factory=list)
     tensor_args: int = Field(0, description="how many of the node's positional args are graph values")
+    inputs: list[str] = Field(default_factory=list, description="names of the nodes it reads, in argument order: "
+                                                                "the graph's edges (captures before these were "
+                                                                "recorded have none, and get no graph matches)")
+    library_module: str = Field("", description="the innermost nn.Module's class when torch defines it "
+                                                "(torch.nn.modules.normalization.LayerNorm): a library op")
+    scalars: list[float] = Field(default_factory=list, description="its number arguments (a scale, an epsilon, "
+                                                                   "GELU's 0.044715), positional then keyword")
 
 
 class RawLaunch(BaseModel):

@@ -39,6 +39,9 @@ class PatternSpec(BaseModel):
     target_ops: dict[str, tuple[TargetOp, ...]] = Field(
         default_factory=dict, description="target name -> operators that realise it, first choice first; "
                                           "empty for patterns the GPU compiler does not show (knobs, syncs)")
+    graph_signature: str = Field(
+        "", description="the dataflow `evidence.graph_match` looks for in a post-grad ATen graph, whatever the "
+                        "source's spelling; empty where the pattern is found by other means")
 
 
 T = TargetOp
@@ -52,7 +55,8 @@ _COMPILE = {"cpu": (T(api="torch.compile(region)", level="L4"),), "cuda": (T(api
 
 _SPECS = (
     PatternSpec(
-        name="rms_norm", title="RMSNorm written out as ATen ops: one fused norm kernel on the GPU",
+        name="rms_norm", graph_signature="rsqrt(mean(x*x or x**2) [+ eps]) multiplied back into x",
+        title="RMSNorm written out as ATen ops: one fused norm kernel on the GPU",
         gap_class="fusion", level="L2",
         eager_ops=("aten::pow", "aten::mean", "aten::add", "aten::rsqrt", "aten::mul"), removable_share=0.5,
         signature_ops=frozenset({"rsqrt"}),
@@ -79,7 +83,10 @@ _SPECS = (
             "cuda": (T(api="torch.compile(region)", level="L4", note="Inductor fuses the add into the norm"),),
         }),
     PatternSpec(
-        name="layer_norm", title="LayerNorm fused in one GPU kernel", gap_class="fusion", level="L2",
+        name="layer_norm", graph_signature=(
+            "rsqrt or sqrt of a variance (var, var_mean, or mean of (x - mean(x)) squared) [+ eps], "
+            "applied to the deviations by mul or div"),
+        title="LayerNorm fused in one GPU kernel", gap_class="fusion", level="L2",
         eager_ops=("aten::native_layer_norm", "aten::mean", "aten::var", "aten::sub", "aten::add", "aten::sqrt",
                    "aten::rsqrt", "aten::div", "aten::mul", "aten::pow"), removable_share=0.5,
         signature_ops=frozenset({"native_layer_norm", "var_mean", "var", "rsqrt", "sqrt"}),
@@ -109,7 +116,11 @@ _SPECS = (
             "cuda": (T(api="torch.compile(apply_rotary)", level="L4"),),
         }),
     PatternSpec(
-        name="attention", title="attention scores + mask + softmax fused (or a library attention call)",
+        name="attention", graph_signature=(
+            "matrix product (bmm / mm / baddbmm / addmm; einsum and @ arrive as these) -> scale, mask "
+            "(where, masked_fill, added tensor), casts, views -> softmax (ATen's or exp / max / sum "
+            "written out) -> casts, views, dropout -> matrix product"),
+        title="attention scores + mask + softmax fused (or a library attention call)",
         gap_class="fusion", level="L2",
         eager_ops=("aten::bmm", "aten::masked_fill", "aten::_softmax", "aten::_softmax_backward_data",
                    "aten::mul", "aten::div", "aten::where", "aten::clone"), removable_share=0.5,
@@ -151,7 +162,10 @@ _SPECS = (
                      *_COMPILE["cuda"]),
         }),
     PatternSpec(
-        name="gelu", title="GELU fused in one GPU kernel", gap_class="fusion", level="L2",
+        name="gelu", graph_signature=(
+            "tanh of an input built with 0.044715 (tanh form), or erf of x * 1/sqrt(2) or x / sqrt(2) "
+            "(erf form)"),
+        title="GELU fused in one GPU kernel", gap_class="fusion", level="L2",
         eager_ops=("aten::gelu", "aten::gelu_backward", "aten::tanh", "aten::tanh_backward", "aten::erf",
                    "aten::pow"), removable_share=0.2,
         signature_ops=frozenset({"gelu", "erf", "tanh"}),

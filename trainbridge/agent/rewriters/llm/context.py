@@ -35,8 +35,9 @@ def intent_spans(context: dict) -> list[tuple[str | None, int, int]]:
         if isinstance(s, BaseModel):
             s = s.model_dump()
         if isinstance(s, dict):
-            a = s.get("line_start", s.get("start", s.get("line")))
-            b = s.get("line_end", s.get("end", a))
+            # the evidence bundle's SourceSpan names them start_line / end_line
+            a = s.get("start_line", s.get("line_start", s.get("start", s.get("line"))))
+            b = s.get("end_line", s.get("line_end", s.get("end", a)))
             if isinstance(a, int):
                 out.append((s.get("file"), a, b if isinstance(b, int) else a))
         elif isinstance(s, str):
