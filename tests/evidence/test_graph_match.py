@@ -162,3 +162,15 @@ def test_a_capture_without_edges_matches_nothing_and_still_builds(captured):
 
 def test_every_graph_signature_in_the_registry_has_a_matcher_and_back():
     assert {name for name, spec in PATTERNS.items() if spec.graph_signature} == set(MATCHERS)
+
+
+def test_every_attention_the_graph_found_is_a_site_the_recipe_rewrites(captured):
+    """The graph finds attention by dataflow; the sdpa recipe must then realise each one (the
+    heads-third einsum form was found by the graph first, and the recipe learned it)."""
+    from trainbridge.agent.rewriters.recipes import RECIPES
+
+    bundle, _, root = captured
+    files = {SOURCE.name: (root / SOURCE.name).read_text()}
+    sites = RECIPES["sdpa_attention"].find(files, "cpu")
+    for m in matches(bundle, "attention"):
+        assert any(covers(m.spans, s.line, s.line) for s in sites), (m.module, m.spans, [s.line for s in sites])

@@ -427,3 +427,48 @@ def attn(q, k, v):
     a, b = kit.load(src), kit.load(new)
     q, k, v = _qkv()
     kit.assert_close_and_aligned(_run(a["attn"], q, k, v), _run(b["attn"], q, k, v))
+
+
+# einsum attention over a (batch, T, heads, D) layout: heads third, as projections come out of a
+# Linear before any transpose (found by the graph matcher in tests/fixtures/evidence/house_styles.py;
+# the recipe knew only heads-second einsums)
+HEADS_THIRD = """import torch
+
+
+def attn_heads_third(q, k, v):
+    T = q.size(1)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.size(-1) ** -0.5
+    s = s + torch.full((T, T), float("-inf")).triu(1)
+    p = s.float().softmax(-1).type_as(s)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def attn_heads_third_padding(q, k, v, keep):
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / q.size(-1) ** 0.5
+    s = torch.where(keep, s, float("-inf"))
+    return torch.einsum("bhqk,bkhd->bhqd", s.softmax(-1), v)
+
+
+def attn_mixed_layouts(q, k, v):
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k)
+    return s.softmax(-1) @ v
+"""
+
+
+def test_einsum_attention_with_heads_third_is_permuted_into_sdpa_and_back():
+    new, out = _apply("sdpa_attention", HEADS_THIRD, "cpu")
+    kinds = {s.qualname: s.detail["mask"] for s in out.sites}
+    assert kinds == {"attn_heads_third": "triu(full(-inf), diagonal=1) added",
+                     "attn_heads_third_padding": "explicit keep: keep"}, kinds
+    assert "q.permute(0, 2, 1, 3)" in new and "v.permute(0, 2, 1, 3)" in new
+    assert new.count("torch.einsum") == 1  # only attn_mixed_layouts' product is left
+    assert any("another layout" in n for n in out.notes)
+    a, b = kit.load(HEADS_THIRD), kit.load(new)
+    q, k, v = (t.transpose(1, 2).contiguous().requires_grad_() for t in _qkv())  # (B, T, H, D)
+    kit.assert_close_and_aligned(_run(a["attn_heads_third"], q, k, v), _run(b["attn_heads_third"], q, k, v))
+    keep = torch.rand(8, 8, generator=torch.Generator().manual_seed(3)) > 0.3
+    keep |= torch.eye(8, dtype=torch.bool)
+    kit.assert_close_and_aligned(_run(a["attn_heads_third_padding"], q, k, v, keep),
+                                 _run(b["attn_heads_third_padding"], q, k, v, keep))
+    # a heads-third product followed by a plain `@` (shapes that do not line up as SDPA's): left alone
+    assert "attn_mixed_layouts" not in kinds

@@ -73,6 +73,48 @@ def _einsum_product(n, transposed: bool):
     return (a, b) if ok else None
 
 
+def einsum_permuted(n, transposed: bool):
+    """An einsum attention product whose operands are not in (batch..., T, D) order, e.g. heads
+    third as in "bqhd,bkhd->bhqk" (Q @ K^T, `transposed`) and "bhqk,bkhd->bqhd" (P @ V): the
+    permutations that put them in SDPA's order, else None.
+
+    Q @ K^T: (q, k, perm_q, perm_k, None) when the output is (batch..., i, j) (the weights' layout
+    the softmax and P @ V then see) and each operand holds the batch letters, its own row letter
+    and the contracted one. P @ V: (p, v, None, (perm_v, perm_out)) when P's letters end in
+    (query, key), the key is contracted with V, and V and the output hold the batch letters, so
+    SDPA's output (P's batch..., query, d) is permuted into the einsum's output order."""
+    spec = _einsum_spec(n)
+    if spec is None:
+        return None
+    left, right, out, a, b = spec
+    if not (len(left) == len(right) == len(out) >= 3) or any(len(set(s)) != len(s) for s in (left, right, out)):
+        return None
+    contracted = (set(left) & set(right)) - set(out)
+    if len(contracted) != 1:
+        return None
+    x = contracted.pop()
+    if transposed:
+        i, j = out[-2], out[-1]
+        batch = out[:-2]
+        if not (set(left) == set(batch) | {i, x} and set(right) == set(batch) | {j, x} and i not in right
+                and j not in left and len({i, j, x}) == 3):
+            return None
+        return a, b, [left.index(c) for c in batch + i + x], [right.index(c) for c in batch + j + x], None
+    batch, i, j = left[:-2], left[-2], left[-1]
+    if j != x:
+        return None
+    d = next((c for c in right if c not in left), None)
+    if d is None or set(right) != set(batch) | {j, d} or set(out) != set(batch) | {i, d}:
+        return None
+    sdpa_out = batch + i + d
+    return a, b, None, ([right.index(c) for c in batch + j + d], [sdpa_out.index(c) for c in out])
+
+
+def permuted(text: str, perm: list[int] | None) -> str:
+    """`text.permute(...)`, or text itself for no permutation or the identity."""
+    return text if not perm or perm == sorted(perm) else f"{text}.permute({', '.join(map(str, perm))})"
+
+
 def _matmul(node):
     """(a, b) for a @ b, torch.matmul(a, b), torch.bmm(a, b) (3-D, batch first) or an einsum
     that is a batched a @ b ("bhij,bhjd->bhid"), else None."""
@@ -117,7 +159,7 @@ def _baddbmm_scores(r: Ref, used: set):
     if kt is None:
         return None
     alpha = kwarg(n, "alpha")
-    return r.with_node(pos[1]), kt, "1.0", r.with_node(alpha if alpha is not None else cst.Float("1.0"))
+    return r.with_node(pos[1]), kt, "1.0", r.with_node(alpha if alpha is not None else cst.Float("1.0")), None
 
 
 def _transposed(ref: Ref, used: set, batched: bool = False) -> Ref | None:
@@ -468,29 +510,37 @@ def attention_dropout(ref: Ref, env: Env, used: set, here: Ref) -> tuple[Ref, st
     raise Miss(f"dropout call {code(n)[:60]}: a module not set on self")
 
 
-def _qk_product(ref: Ref, used: set) -> tuple[Ref, Ref] | None:
-    """(q, k) for q @ k^T in any spelling (`_matmul` with a transposed K, or an einsum
-    "...id,...jd->...ij" that needs no transpose)."""
+def _qk_product(ref: Ref, used: set) -> tuple[Ref, Ref, tuple | None] | None:
+    """(q, k, permutations) for q @ k^T in any spelling (`_matmul` with a transposed K, or an
+    einsum "...id,...jd->...ij" that needs no transpose; permutations (of q, of k) for an einsum
+    over another layout, `einsum_permuted`)."""
     n = strip_parens(ref.node)
     if (pair := _einsum_product(n, transposed=True)) is not None:
-        return ref.with_node(pair[0]), ref.with_node(pair[1])
+        return ref.with_node(pair[0]), ref.with_node(pair[1]), None
+    if (perm := einsum_permuted(n, transposed=True)) is not None:
+        return ref.with_node(perm[0]), ref.with_node(perm[1]), (perm[2], perm[3])
     mm = _matmul(n)
     if mm is None:
         return None
     kt = _transposed(ref.with_node(mm[1]), used, batched=is_batched_3d(n))
-    return None if kt is None else (ref.with_node(mm[0]), kt)
+    return None if kt is None else (ref.with_node(mm[0]), kt, None)
+
+
+def _is_qk(n) -> bool:
+    return _matmul(n) is not None or _einsum_product(n, transposed=True) is not None or \
+        einsum_permuted(n, transposed=True) is not None
 
 
 def _scores(ref: Ref, used: set):
-    """(q, k, scale_expr_text[, scale_ref]) for (q @ k^T) [* s | / d] (either order), or
-    torch.baddbmm(_, q, k^T, beta=0, alpha=s)."""
+    """(q, k, scale_expr_text, scale_ref or None, permutations or None) for (q @ k^T) [* s | / d]
+    (either order), or torch.baddbmm(_, q, k^T, beta=0, alpha=s)."""
     r = ref.scope.follow(ref, used)
     n = strip_parens(r.node)
     if (scored := _baddbmm_scores(r, used)) is not None:
         return scored
-    if _matmul(n) is not None or _einsum_product(n, transposed=True) is not None:
+    if _is_qk(n):
         qk = _qk_product(r, used)
-        return None if qk is None else (*qk, "1.0")
+        return None if qk is None else (qk[0], qk[1], "1.0", None, qk[2])
     if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Multiply, cst.Divide)):
         cands = [(n.left, n.right)] + ([(n.right, n.left)] if isinstance(n.operator, cst.Multiply) else [])
         for a, s in cands:
@@ -501,5 +551,6 @@ def _scores(ref: Ref, used: set):
                 continue
             used |= trial
             st = code(parens(s))
-            return (*qk, (st if isinstance(n.operator, cst.Multiply) else f"1.0 / {st}"), r.with_node(s))
+            return (qk[0], qk[1], (st if isinstance(n.operator, cst.Multiply) else f"1.0 / {st}"), r.with_node(s),
+                    qk[2])
     return None

@@ -23,7 +23,9 @@ Recognised (after following local names, so chained or split statements both mat
                                       (E ignored at beta 0, or torch.zeros; 3-D operands,
                                        K.transpose(1, 2) accepted as K^T)
     `@` may be torch.matmul, torch.bmm on 3-D (batch x heads, T, D) operands, or torch.einsum
-    ("bhqk,bhkd->bhqd"; Q @ K^T as "bhqd,bhkd->bhqk", no transpose).
+    ("bhqk,bhkd->bhqd"; Q @ K^T as "bhqd,bhkd->bhqk", no transpose), also over another layout
+    ("bqhd,bkhd->bhqk" then "bhqk,bkhd->bqhd": heads third, as a Linear's output is viewed): the
+    operands are permuted into SDPA's (batch, heads, T, D) and the result back (cpu / cuda).
 
 Dropout between softmax and `@ V` (an `nn.Dropout` set on self, or `F.dropout(P, p, training)`)
 moves inside the fused call as `dropout_p` (cpu / cuda; the npu form is not written). On the
@@ -68,8 +70,10 @@ from .attention_forms import (
     causal_additive_mask,
     causal_bool_mask,
     causal_keep_mask,
+    einsum_permuted,
     is_batched_3d,
     neg_fill,
+    permuted,
 )
 from .expr_engine import Env, ExprRecipe, Match
 
@@ -128,8 +132,12 @@ class AttentionRecipe(ExprRecipe):
 
     def _match(self, node, env: Env):
         mm = _matmul(node)
-        if mm is None:
-            return None
+        pv_perms = None
+        if mm is None:  # an einsum P @ V over another layout ("bhqk,bkhd->bqhd")
+            pv = einsum_permuted(strip_parens(node), transposed=False)
+            if pv is None:
+                return None
+            mm, pv_perms = (pv[0], pv[1]), pv[3]
         here = env.ref(node)
         scope = env.scope
         used: set = set()
@@ -216,8 +224,10 @@ class AttentionRecipe(ExprRecipe):
             if scored is None:
                 return None
             mask_kind = "none (full attention)"
-        q_ref, k_ref, scale = scored[0], scored[1], scored[2]
-        if len(scored) > 3:
+        q_ref, k_ref, scale, qk_perms = scored[0], scored[1], scored[2], scored[4]
+        if (qk_perms is None) != (pv_perms is None):
+            return None  # one product over another layout, the other not: not recognised
+        if scored[3] is not None:
             s_expr = scope.emit(scored[3], here)
             if s_expr is None:
                 return None
@@ -232,6 +242,15 @@ class AttentionRecipe(ExprRecipe):
                 return None
         qs, ks, vs = code(q), code(k), code(v)
         notes = list(mask_notes)
+        if qk_perms is not None:
+            if is_batched_3d(node):
+                return None  # 3-D (batch x heads folded) einsums in another order: not written
+            if env.target == "npu":
+                raise Miss("einsum attention over another layout: the npu form is not written")
+            qs, ks = permuted(code(parens(q)), qk_perms[0]), permuted(code(parens(k)), qk_perms[1])
+            vs = permuted(code(parens(v)), pv_perms[0])
+            notes.append("einsum operands in another layout (heads not second): permuted into SDPA's "
+                         "(batch, heads, T, D) and the result permuted back")
         batched = is_batched_3d(node)
         if explicit is not None and env.target == "npu" and explicit[0] not in ("bool", "keep"):
             raise Miss(f"an {explicit[0]} mask: npu_fusion_attention takes bool masks only (True = masked)")
@@ -257,6 +276,8 @@ class AttentionRecipe(ExprRecipe):
                                   dp)
             if done is not None:
                 done.effects_spent = spent
+                if pv_perms is not None and permuted("x", pv_perms[1]) != "x":
+                    done.new = expr(permuted(code(parens(done.new)), pv_perms[1]))
             return done
         causal = mask_kind != "none (full attention)"
         if cast_in or cast_out:
@@ -281,6 +302,8 @@ class AttentionRecipe(ExprRecipe):
             new = expr(f"{env.F}.scaled_dot_product_attention({qs}, {ks}, {vs}, scale={scale}{dp}){squeeze}")
             imports, helpers = [], []
             notes.append("no mask: full (non-causal) attention, as the eager softmax computed it")
+        if pv_perms is not None and permuted("x", pv_perms[1]) != "x":
+            new = expr(permuted(code(parens(new)), pv_perms[1]))
         return Match(node=node, new=parens(new) if getattr(node, "lpar", None) else new, used=used, imports=imports,
                      helpers=helpers, notes=notes, effects_spent=spent,
                      detail={"q": qs, "k": ks, "v": vs, "scale": scale, "mask": mask_kind or ""})
