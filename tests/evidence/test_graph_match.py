@@ -146,8 +146,14 @@ def test_the_raw_capture_keeps_edges_and_infinite_scalars(captured):
     json.loads(text)  # valid JSON: -inf is written as a string
     fwd = next(g for g in raw.graphs if g.phase == "forward")
     assert any(float("-inf") in n.scalars for n in fwd.nodes.values())
-    assert all(set(n.inputs) <= set(fwd.nodes) | {i for n in fwd.nodes.values() for i in n.inputs}
-               for n in fwd.nodes.values())
+    # every edge leads to a node of the graph or to one of its inputs (the parameters and batch)
+    assert sum(len(n.inputs) for n in fwd.nodes.values()) > len(fwd.nodes) // 2
+    assert all(i in fwd.nodes or i.startswith(("primals", "tangents", "arg")) for n in fwd.nodes.values()
+               for i in n.inputs), sorted({i for n in fwd.nodes.values() for i in n.inputs} - set(fwd.nodes))[:10]
+    # and a concrete one: the written-out softmax divides exp by a sum computed from that exp
+    div = [n for n in fwd.nodes.values() if n.target == "aten.div.Tensor" and len(n.inputs) == 2
+           and fwd.nodes.get(n.inputs[0]) is not None and fwd.nodes[n.inputs[0]].target == "aten.exp.default"]
+    assert div, "no exp / sum division in the forward graph"
 
 
 def test_a_capture_without_edges_matches_nothing_and_still_builds(captured):

@@ -35,9 +35,8 @@ from ..aten_ops import FUSED_ATTENTION, GRAPH_LIBRARY_CALLS
 from .bundle import Route
 from .codeparse import parse_output_code, short_op
 from .frames import SourceFilter
+from .graph_match import DROPOUT
 from .raw import RawCapture, RawGraph, RawGraphBreak, RawLaunch, RawNode
-
-_RANDOM_OPS = {"native_dropout", "bernoulli", "rand", "rand_like", "randn", "randn_like", "randint"}
 
 _MATMUL_OPS = GRAPH_LIBRARY_CALLS | {"matmul"} | FUSED_ATTENTION
 
@@ -332,7 +331,7 @@ class CaptureSession:
             from .fake_cuda import LIMITATIONS
 
             lims += LIMITATIONS
-            if any(short_op(n.target) in _RANDOM_OPS for g in graphs for n in g.nodes.values()):
+            if any(short_op(n.target) in DROPOUT for g in graphs for n in g.nodes.values()):
                 lims.append("fake_cuda_codegen: random ops (dropout) are eager fallback kernels here (Inductor's "
                             "fallback_random): a CPU-only torch cannot seed Inductor's GPU random kernels; on a GPU "
                             "they are generated inside the fused kernels")

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable, Iterable
 
+from ..aten_ops import MODEL_RANDOM
 from .bundle import GraphMatch, SourceLoc, SourceSpan
 from .codeparse import short_op
 from .raw import RawCapture, RawGraph, RawNode
@@ -46,7 +47,8 @@ SCORE_PATH = LAYOUT | {"mul", "div", "add", "sub", "where", "masked_fill", "amax
 # between the softmax and the second product: casts, views and dropout
 PROB_PATH = LAYOUT | {"native_dropout", "mul", "div", "bernoulli", "gt", "lt", "rand", "rand_like",
                       "inductor_random", "inductor_seeds", "inductor_lookup_seed"}
-DROPOUT = {"native_dropout", "bernoulli", "rand", "rand_like", "inductor_random"}
+# a model's random draws (aten_ops.MODEL_RANDOM) and the forms they take in a post-grad graph
+DROPOUT = MODEL_RANDOM | {"rand", "rand_like", "randn", "randn_like", "inductor_random"}
 MAX_SCORE_DEPTH = 14
 MAX_PROB_DEPTH = 8
 _UPCASTS = {"_to_copy", "convert_element_type"}
